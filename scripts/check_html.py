@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Check the built HTML book in a real browser (headless Chromium), offline.
+
+Serves `_build/html` on 127.0.0.1, opens every page of the table of contents in
+Debian's Chromium (driven by Playwright) and fails unless:
+
+- no request leaves the machine (every request is recorded; any to another host fails the check);
+- no page raises a JavaScript error;
+- every formula of every page has been typeset by MathJax (an `mjx-container` inside it);
+- on the pages that have altair charts, every chart has drawn (an SVG or canvas inside it);
+- chapter 1 has both math and at least one chart.
+
+    python scripts/check_html.py [--html _build/html] [--chromium /usr/bin/chromium] [--screenshots DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import shutil
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+from playwright.sync_api import sync_playwright
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIRED = {"book/01_attention": {"math", "chart"}}  # what these pages must show
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def toc_pages() -> list[str]:
+    """Every page of the book, as 'book/name', in table-of-contents order."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    pages = [toc["root"]]
+    for part in toc.get("parts", []):
+        pages += [entry["file"] for entry in part.get("chapters", [])]
+    return pages
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # keep the check's output readable
+        pass
+
+
+def serve(directory: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Serve a folder on a free port of 127.0.0.1; return the server and its base URL."""
+    handler = functools.partial(QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+CHECK_PAGE = """async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  const charts = [...document.querySelectorAll('div[id^="altair-viz-"]')];
+  const deadline = Date.now() + 20000;
+  const drawn = (c) => c.querySelector('svg, canvas') !== null;
+  while (charts.some((c) => !drawn(c) && !c.querySelector('.error')) && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const math = [...document.querySelectorAll('span.math, div.math')];
+  return {
+    math: math.length,
+    untypeset: math.filter((m) => m.querySelector('mjx-container') === null).length,
+    typeset: document.querySelectorAll('mjx-container').length,
+    mathErrors: document.querySelectorAll('mjx-merror').length,
+    charts: charts.length,
+    drawn: charts.filter(drawn).length,
+    chartErrors: charts.map((c) => c.querySelector('.error')).filter((e) => e).map((e) => e.innerText),
+  };
+}"""
+
+
+def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
+    """Open every page; return the list of failures (empty when the book is fine)."""
+    failures: list[str] = []
+    server, base = serve(html)
+    local_host = urlsplit(base).netloc
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 1600})
+        outside: list[str] = []
+
+        def route(r) -> None:  # let local requests through, record and refuse every other
+            url = urlsplit(r.request.url)
+            if url.scheme in ("data", "blob") or url.netloc == local_host:
+                r.continue_()
+            else:
+                outside.append(r.request.url)
+                r.abort()
+
+        context.route("**/*", route)
+        for name in toc_pages():
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+            response = page.goto(f"{base}/{name}.html", wait_until="load")
+            if response is None or response.status != 200:
+                failures.append(f"{name}: page not found in {html}")
+                continue
+            result = page.evaluate(CHECK_PAGE)
+            needs = REQUIRED.get(name, set())
+            if "math" in needs and result["math"] == 0:
+                failures.append(f"{name}: no math on the page")
+            if result["untypeset"]:
+                failures.append(f"{name}: {result['untypeset']} of {result['math']} formulas not typeset by MathJax")
+            if result["mathErrors"]:
+                failures.append(f"{name}: {result['mathErrors']} MathJax errors")
+            if "chart" in needs and result["charts"] == 0:
+                failures.append(f"{name}: no altair chart on the page")
+            if result["drawn"] < result["charts"]:
+                failures.append(
+                    f"{name}: {result['charts'] - result['drawn']} of {result['charts']} charts did not draw "
+                    f"{result['chartErrors']}"
+                )
+            failures += [f"{name}: JavaScript error: {e}" for e in errors]
+            print(
+                f"{name}: {result['typeset']} formulas typeset, "
+                f"{result['drawn']}/{result['charts']} charts drawn, {len(errors)} script errors"
+            )
+            if screenshots is not None:
+                screenshots.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(screenshots / f"{Path(name).name}.png"), full_page=False)
+            page.close()
+        browser.close()
+    server.shutdown()
+    failures += [f"request left the machine: {url}" for url in sorted(set(outside))]
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--html", type=Path, default=ROOT / "_build" / "html")
+    parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    parser.add_argument("--screenshots", type=Path, help="save a screenshot of each page here")
+    args = parser.parse_args(argv)
+    if not (args.html / "index.html").exists():
+        print(f"error: no built book in {args.html}: run jupyter-book build . first", file=sys.stderr)
+        return 2
+    if not Path(args.chromium).exists():
+        print(f"error: no Chromium at {args.chromium}: apt-get install chromium", file=sys.stderr)
+        return 2
+    failures = check(args.html, args.chromium, args.screenshots)
+    for f in failures:
+        print(f"FAIL {f}")
+    print("browser check passed" if not failures else f"browser check failed ({len(failures)} problems)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""Shared helpers for the tests of the book's pipeline."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
