@@ -1,0 +1,47 @@
+"""Tests of the package as users install it: a wheel built from the repository."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import export
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_holds_every_exported_module_and_imports(tmp_path: Path) -> None:
+    # The same build that `pip install git+<repository URL>` runs.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("aiayn-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {f"aiayn/{p.name}" for p in export.expected_files()}
+    assert modules <= names, f"missing from the wheel: {sorted(modules - names)}"
+
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    # Import from the installed copy (not the source tree): run outside the repository.
+    code = (
+        "import aiayn, aiayn.attention, pathlib, sys; "
+        "assert pathlib.Path(aiayn.__file__).is_relative_to(pathlib.Path(sys.argv[1])), aiayn.__file__; "
+        "from aiayn.attention import scaled_dot_product_attention; print(aiayn.__version__)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(site)],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0.1.0"
