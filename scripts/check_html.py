@@ -8,6 +8,7 @@ Debian's Chromium (driven by Playwright) and fails unless:
 - no page raises a JavaScript error;
 - every formula of every page has been typeset by MathJax (an `mjx-container` inside it);
 - on the pages that have altair charts, every chart has drawn (an SVG or canvas inside it);
+- every chapter page has a Colab launch link to its own notebook in the repository;
 - chapter 1 has both math and at least one chart.
 
     python scripts/check_html.py [--html _build/html] [--chromium /usr/bin/chromium] [--screenshots DIR]
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
+import re
 import shutil
 import sys
 import threading
@@ -28,6 +30,7 @@ import yaml
 from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
+COLAB = "https://colab.research.google.com"
 REQUIRED = {"book/01_attention": {"math", "chart"}}  # what these pages must show
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -37,6 +40,12 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+
+
+def repository_path() -> str:
+    """'owner/name' of the repository, from _config.yml."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    return urlsplit(config["repository"]["url"]).path.strip("/")
 
 
 def toc_pages() -> list[str]:
@@ -78,6 +87,8 @@ CHECK_PAGE = """async () => {
     charts: charts.length,
     drawn: charts.filter(drawn).length,
     chartErrors: charts.map((c) => c.querySelector('.error')).filter((e) => e).map((e) => e.innerText),
+    colab: [...new Set([...document.querySelectorAll('a[href^="https://colab.research.google.com/"]')]
+      .map((a) => a.href))],
   };
 }"""
 
@@ -124,6 +135,12 @@ def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
                     f"{name}: {result['charts'] - result['drawn']} of {result['charts']} charts did not draw "
                     f"{result['chartErrors']}"
                 )
+            if re.fullmatch(r"book/\d\d_\w+", name):  # a chapter: it opens in Colab from its notebook
+                colab = f"{COLAB}/github/{repository_path()}/blob/main/{name}.ipynb"
+                if result["colab"] != [colab]:
+                    failures.append(f"{name}: Colab launch link {result['colab']}, expected [{colab}]")
+                elif not (ROOT / f"{name}.ipynb").exists():
+                    failures.append(f"{name}: the Colab link points to {name}.ipynb, which does not exist")
             failures += [f"{name}: JavaScript error: {e}" for e in errors]
             print(
                 f"{name}: {result['typeset']} formulas typeset, "
