@@ -1,0 +1,122 @@
+"""Tests of aiayn.attention (chapter 1): scaled dot-product and additive attention."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.attention import AdditiveAttention, masked_softmax, scaled_dot_product_attention
+
+
+def random_qkv(*batch: int, q_len: int = 5, k_len: int = 7, d_k: int = 16, d_v: int = 12, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(*batch, q_len, d_k, generator=g)
+    k = torch.randn(*batch, k_len, d_k, generator=g)
+    v = torch.randn(*batch, k_len, d_v, generator=g)
+    return q, k, v
+
+
+def test_matches_the_formula() -> None:
+    q, k, v = random_qkv(3)
+    out, w = scaled_dot_product_attention(q, k, v)
+    expected_w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
+    torch.testing.assert_close(w, expected_w)
+    torch.testing.assert_close(out, expected_w @ v)
+    assert out.shape == (3, 5, 12) and w.shape == (3, 5, 7)
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_matches_torch_sdpa(use_mask: bool) -> None:
+    q, k, v = random_qkv(2, 4)  # [batch, heads, seq, d]
+    mask = None
+    if use_mask:
+        mask = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(1)) > 0.5
+        mask[..., 0] = True  # torch's function returns NaN on empty rows; compare on the others
+    ours, _ = scaled_dot_product_attention(q, k, v, mask)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_masked_weights_are_zero_and_empty_rows_give_zeros(dtype: torch.dtype) -> None:
+    q, k, v = (t.to(dtype) for t in random_qkv(2))
+    mask = torch.rand(2, 5, 7, generator=torch.Generator().manual_seed(2)) > 0.5
+    mask[0, 3] = False  # a query that may attend to nothing
+    mask[1, :, 0] = True
+    out, w = scaled_dot_product_attention(q, k, v, mask)
+    assert out.dtype == dtype and w.dtype == dtype
+    assert torch.isfinite(out).all() and torch.isfinite(w).all()
+    assert (w[~mask] == 0).all()
+    assert (w[0, 3] == 0).all() and (out[0, 3] == 0).all()
+    allowed_rows = mask.any(-1)
+    torch.testing.assert_close(
+        w.float().sum(-1)[allowed_rows], torch.ones(int(allowed_rows.sum())), atol=1e-2, rtol=0
+    )
+
+
+def test_gradients_stay_finite_with_empty_rows() -> None:
+    q, k, v = (t.requires_grad_() for t in random_qkv(2))
+    mask = torch.ones(2, 5, 7, dtype=torch.bool)
+    mask[1, 2] = False
+    out, _ = scaled_dot_product_attention(q, k, v, mask)
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert (q.grad[1, 2] == 0).all()  # the empty row does not depend on its query
+
+
+def test_masked_softmax_without_mask_is_softmax() -> None:
+    scores = torch.randn(3, 4, 5)
+    torch.testing.assert_close(masked_softmax(scores), torch.softmax(scores, -1))
+
+
+def test_dropout_keeps_or_rescales_each_weight() -> None:
+    torch.manual_seed(0)
+    q, k, v = random_qkv(4)
+    _, w = scaled_dot_product_attention(q, k, v)
+    _, w_drop = scaled_dot_product_attention(q, k, v, dropout_p=0.25)
+    kept = w_drop != 0
+    assert 0 < kept.float().mean() < 1
+    torch.testing.assert_close(w_drop[kept], w[kept] / 0.75)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda q, k, v: scaled_dot_product_attention(q[0, 0], k, v), "at least 2 dimensions"),
+        (lambda q, k, v: scaled_dot_product_attention(q, k[..., :8], v), "same last dimension"),
+        (lambda q, k, v: scaled_dot_product_attention(q, k, v[:, :6]), "same length"),
+        (lambda q, k, v: scaled_dot_product_attention(q, k[:1].expand(3, 7, 16).repeat(2, 1, 1), v), "broadcast"),
+        (lambda q, k, v: scaled_dot_product_attention(q, k, v, mask=torch.ones(5, 7)), "torch.bool"),
+        (lambda q, k, v: scaled_dot_product_attention(q, k, v, mask=torch.ones(5, 6).bool()), "does not broadcast"),
+        (lambda q, k, v: scaled_dot_product_attention(q, k, v, mask=torch.ones(4, 2, 5, 7).bool()), "does not broadcast"),
+        (lambda q, k, v: scaled_dot_product_attention(q, k, v, dropout_p=1.0), "dropout_p"),
+    ],
+    ids=["rank", "d_k", "length", "batch", "float-mask", "mask-shape", "mask-enlarges", "dropout"],
+)
+def test_bad_input_is_a_clear_value_error(call, message: str) -> None:
+    q, k, v = random_qkv(2)
+    with pytest.raises(ValueError, match=message):
+        call(q, k, v)
+
+
+def test_additive_attention_shapes_mask_and_sizes() -> None:
+    torch.manual_seed(0)
+    attention = AdditiveAttention(d_q=10, d_k=6, d_attn=8)
+    q = torch.randn(2, 3, 10)
+    k, v = torch.randn(2, 4, 6), torch.randn(2, 4, 5)
+    mask = torch.tensor([True, True, False, True]).expand(2, 1, 4)  # [batch, 1, k_len]
+    out, w = attention(q, k, v, mask)
+    assert out.shape == (2, 3, 5) and w.shape == (2, 3, 4)
+    assert (w[..., 2] == 0).all()
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 3))
+    # score(q, k) = v^T tanh(W_q q + W_k k), computed pair by pair
+    with torch.no_grad():
+        weights = torch.softmax(
+            torch.stack([attention.v(torch.tanh(attention.w_q(q[0, 1]) + attention.w_k(k[0, j]))) for j in (0, 1, 3)]).squeeze(-1),
+            dim=0,
+        )
+    torch.testing.assert_close(w[0, 1, 3], weights[2])
+    assert sum(p.numel() for p in attention.parameters()) == 10 * 8 + 6 * 8 + 8
