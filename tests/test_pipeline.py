@@ -285,3 +285,10 @@ def test_execute_writes_the_same_bytes_twice(tmp_path: Path) -> None:
     assert "altair-viz-" in html and "image/png" in nb.cells[2].outputs[0].data
     assert all("execution" not in c.metadata for c in nb.cells)
     assert chapter.read_text() == CHART_CHAPTER, "executing must not rewrite the source"
+
+
+def test_api_page_documents_every_module() -> None:
+    api = (ROOT / "book" / "api.md").read_text()
+    for chapter in EXPORTING:
+        module = export.read_chapter(chapter).module
+        assert f".. automodule:: {module}\n" in api, f"add {module} to book/api.md"
