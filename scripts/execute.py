@@ -82,6 +82,9 @@ def execute(md: Path) -> float:
         timeout=TIMEOUT_S,
         kernel_name="python3",
         record_timing=False,
+        # One output per stream per cell: without this, how a cell's prints are split
+        # into pieces depends on timing, and re-runs would not be byte-identical.
+        coalesce_streams=True,
         resources={"metadata": {"path": str(md.parent)}},
     )
     client.execute()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,9 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_wheel_holds_every_exported_module_and_imports(tmp_path: Path) -> None:
-    # The same build that `pip install git+<repository URL>` runs.
+    # The same build that `pip install git+<repository URL>` runs, from a copy of the
+    # files it reads (an in-tree build would leave build/ behind in the repository).
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(source)],
         check=True,
         capture_output=True,
     )

@@ -3,7 +3,10 @@
 
 Each module is the code of one chapter:
 
-    aiayn.attention  chapter 01, book/01_attention.md
+    aiayn.attention   chapter 01, book/01_attention.md
+    aiayn.masks       chapter 02, book/02_self_attention.md
+    aiayn.multi_head  chapter 03, book/03_multi_head_attention.md
+    aiayn.positional  chapter 04, book/04_positional_encoding.md
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -1,0 +1,273 @@
+"""Tests of aiayn.multi_head (chapter 3): MultiHeadAttention and KVCache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from aiayn.attention import scaled_dot_product_attention
+from aiayn.masks import causal_mask, padding_mask, target_mask
+from aiayn.multi_head import KVCache, MultiHeadAttention
+
+D_MODEL, N_HEADS = 32, 4
+TOKENS = torch.tensor([[5, 3, 8, 2, 9, 4], [7, 1, 6, 0, 0, 0]])  # 0 = padding
+
+
+def pair() -> tuple[MultiHeadAttention, nn.MultiheadAttention]:
+    """Our layer and PyTorch's, in eval mode, with the same (non-zero) weights and biases."""
+    torch.manual_seed(0)
+    ours = MultiHeadAttention(D_MODEL, N_HEADS).eval()
+    with torch.no_grad():
+        ours.in_proj.bias.normal_()
+        ours.out_proj.bias.normal_()
+    theirs = nn.MultiheadAttention(D_MODEL, N_HEADS, batch_first=True).eval()
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(ours.in_proj.weight)
+        theirs.in_proj_bias.copy_(ours.in_proj.bias)
+        theirs.out_proj.weight.copy_(ours.out_proj.weight)
+        theirs.out_proj.bias.copy_(ours.out_proj.bias)
+    return ours, theirs
+
+
+def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """A source [2, 6, d_model] and a target [2, 4, d_model]."""
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(2, 6, D_MODEL, generator=gen), torch.randn(2, 4, D_MODEL, generator=gen)
+
+
+@pytest.mark.parametrize("case", ["self", "self_padding", "self_causal", "self_causal_padding", "cross_padding"])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_parity_with_torch_multihead_attention(case: str, need_weights: bool) -> None:
+    ours, theirs = pair()
+    src, tgt = inputs()
+    pad = padding_mask(TOKENS, 0)  # True = real token
+    kpm = ~pad[:, 0, 0, :]  # PyTorch: True = ignore
+    causal = causal_mask(6)
+    query, key_value, mask, t_kpm, t_attn = {
+        "self": (src, None, None, None, None),
+        "self_padding": (src, None, pad, kpm, None),
+        "self_causal": (src, None, causal, None, ~causal),
+        "self_causal_padding": (src, None, target_mask(TOKENS, 0), kpm, ~causal),
+        "cross_padding": (tgt, src, pad, kpm, None),
+    }[case]
+    kv = query if key_value is None else key_value
+    with torch.no_grad():
+        out, w = ours(query, key_value, mask, need_weights=need_weights)
+        ref, ref_w = theirs(query, kv, kv, key_padding_mask=t_kpm, attn_mask=t_attn, average_attn_weights=False)
+    assert out.shape == (2, query.size(1), D_MODEL)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    if need_weights:
+        assert w.shape == (2, N_HEADS, query.size(1), kv.size(1))
+        torch.testing.assert_close(w, ref_w, atol=1e-6, rtol=1e-5)
+        with torch.no_grad():
+            _, ref_avg = theirs(query, kv, kv, key_padding_mask=t_kpm, attn_mask=t_attn)
+        torch.testing.assert_close(w.mean(dim=1), ref_avg, atol=1e-6, rtol=1e-5)
+    else:
+        assert w is None
+
+
+def test_per_head_loop_equals_module() -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(D_MODEL, N_HEADS).eval()
+    src, tgt = inputs()
+    d_k = D_MODEL // N_HEADS
+    w_q, w_k, w_v = layer.in_proj.weight.detach().chunk(3)  # each [d_model, d_model], rows = output features
+    b_q, b_k, b_v = layer.in_proj.bias.detach().chunk(3)
+    for query, kv in ((src, src), (tgt, src)):
+        heads = []
+        for i in range(N_HEADS):
+            rows = slice(i * d_k, (i + 1) * d_k)  # head i's own small projections
+            head, _ = scaled_dot_product_attention(
+                query @ w_q[rows].T + b_q[rows], kv @ w_k[rows].T + b_k[rows], kv @ w_v[rows].T + b_v[rows]
+            )
+            heads.append(head)
+        expected = layer.out_proj(torch.cat(heads, dim=-1))
+        with torch.no_grad():
+            got, _ = layer(query, None if kv is query else kv)
+        torch.testing.assert_close(got, expected.detach(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_fused_path_equals_need_weights_path(use_mask: bool) -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(D_MODEL, N_HEADS).eval()
+    src, tgt = inputs()
+    mask = padding_mask(TOKENS, 0) if use_mask else None
+    with torch.no_grad():
+        for key_value in (None, src):
+            query = src if key_value is None else tgt
+            fused, none = layer(query, key_value, mask)
+            explicit, weights = layer(query, key_value, mask, need_weights=True)
+            assert none is None and weights is not None
+            torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+            if mask is not None:  # blocked keys get exactly zero weight
+                assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fully_masked_rows_are_zero_not_nan(dtype: torch.dtype, need_weights: bool, bias: bool) -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(16, 4, bias=bias).to(dtype)
+    query, memory = torch.randn(2, 3, 16, dtype=dtype), torch.randn(2, 5, 16, dtype=dtype)
+    allowed = torch.ones(2, 1, 3, 5, dtype=torch.bool)
+    allowed[0, :, 1] = False  # sequence 0, query 1: nothing to attend to
+    allowed[1] = False  # sequence 1: every key is padding
+    with torch.no_grad():
+        out, weights = layer(query, memory, allowed, need_weights=need_weights)
+        self_out, _ = layer(query, mask=torch.zeros(3, 3, dtype=torch.bool), need_weights=need_weights)
+    assert torch.isfinite(out).all() and torch.isfinite(self_out).all()
+    expected = layer.out_proj.bias.detach() if bias else torch.zeros(16, dtype=dtype)
+    assert (out[0, 1] == expected).all() and (out[1] == expected).all()
+    assert (self_out == expected).all()
+    assert not torch.equal(out[0, 0], expected)  # rows with keys are untouched
+    if need_weights:
+        assert (weights[0, :, 1] == 0).all() and (weights[1] == 0).all()
+        assert torch.isfinite(weights).all()
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_fully_masked_rows_have_finite_gradients(need_weights: bool) -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(16, 4)
+    query = torch.randn(2, 3, 16, requires_grad=True)
+    memory = torch.randn(2, 5, 16, requires_grad=True)
+    allowed = torch.ones(2, 1, 3, 5, dtype=torch.bool)
+    allowed[0, :, 1] = False
+    out, _ = layer(query, memory, allowed, need_weights=need_weights)
+    out.sum().backward()
+    for t in (query, memory, *layer.parameters()):
+        assert torch.isfinite(t.grad).all()
+    assert (query.grad[0, 1] == 0).all()
+
+
+def test_cached_decoding_equals_full_computation() -> None:
+    torch.manual_seed(0)
+    self_attn, cross_attn = MultiHeadAttention(D_MODEL, N_HEADS).eval(), MultiHeadAttention(D_MODEL, N_HEADS).eval()
+    src, tgt = inputs()
+    pad = padding_mask(TOKENS, 0)
+    with torch.no_grad():
+        h, _ = self_attn(tgt, mask=causal_mask(4))
+        full, _ = cross_attn(h, src, mask=pad)
+        self_cache, cross_cache = KVCache(), KVCache()
+        steps = []
+        for t in range(4):
+            h_t, _ = self_attn(tgt[:, t : t + 1], cache=self_cache)
+            out_t, _ = cross_attn(h_t, src, mask=pad, cache=cross_cache)
+            steps.append(out_t)
+            assert self_cache.seq_len == t + 1 and cross_cache.seq_len == 6
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert self_cache.k.shape == (2, N_HEADS, 4, D_MODEL // N_HEADS)
+
+
+def test_cache_with_several_new_positions_and_a_mask() -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(D_MODEL, N_HEADS).eval()
+    _, tgt = inputs()
+    causal = causal_mask(4)
+    with torch.no_grad():
+        full, _ = layer(tgt, mask=causal)
+        cache = KVCache()
+        first, _ = layer(tgt[:, :2], mask=causal[:2, :2], cache=cache)
+        rest, _ = layer(tgt[:, 2:], mask=causal[2:, :], cache=cache)  # [2 new queries, 4 keys]
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_cache_projects_the_memory_once() -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(64, 8)
+    memory, query = torch.randn(1, 10, 64), torch.randn(1, 1, 64)
+    cache = KVCache()
+    counts = []
+    for _ in range(3):
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            layer(query, memory, need_weights=True, cache=cache)
+        counts.append(counter.get_total_flops())
+    d, n = 64, 10
+    assert counts[0] == 4 * d * d + 4 * n * d * d + 4 * n * d
+    assert counts[1] == counts[2] == 4 * d * d + 4 * n * d
+    k_before = cache.k
+    with torch.no_grad():
+        layer(query, memory, cache=cache)
+    assert cache.k is k_before
+
+
+def test_cache_reorder_selects_batch_rows() -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(D_MODEL, N_HEADS).eval()
+    src, _ = inputs()
+    cache = KVCache()
+    with torch.no_grad():
+        layer(src[:, :3], cache=cache)
+        k, v = cache.k.clone(), cache.v.clone()
+        cache.reorder(torch.tensor([1, 1, 0]))
+    assert cache.k.shape[0] == 3 and torch.equal(cache.k[0], k[1]) and torch.equal(cache.v[2], v[0])
+    assert KVCache().seq_len == 0
+
+
+def test_parameter_count_is_4d2_plus_4d() -> None:
+    for d_model, n_heads in ((32, 1), (32, 4), (512, 8), (512, 64)):
+        layer = MultiHeadAttention(d_model, n_heads)
+        assert sum(p.numel() for p in layer.parameters()) == 4 * d_model**2 + 4 * d_model
+        no_bias = MultiHeadAttention(d_model, n_heads, bias=False)
+        assert sum(p.numel() for p in no_bias.parameters()) == 4 * d_model**2
+
+
+@pytest.mark.parametrize("n_heads", [1, 8])
+def test_flops_of_self_attention(n_heads: int) -> None:
+    d, n = 512, 300
+    layer = MultiHeadAttention(d, n_heads).to("meta")
+    x = torch.empty(1, n, d, device="meta")
+    for need_weights in (False, True):
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            layer(x, need_weights=need_weights)
+        assert counter.get_total_flops() == 8 * n * d * d + 4 * n * n * d
+
+
+def test_dropout_only_in_training() -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, dropout=0.5)
+    src, _ = inputs()
+    with torch.no_grad():
+        layer.train()
+        a, _ = layer(src)
+        b, _ = layer(src)
+        _, w_train = layer(src, need_weights=True)
+        layer.eval()
+        c, _ = layer(src)
+        d, _ = layer(src)
+        _, w_eval = layer(src, need_weights=True)
+    assert not torch.allclose(a, b)
+    assert torch.equal(c, d)
+    kept = w_train != 0
+    assert (~kept).any() and torch.allclose(w_train[kept], 2 * w_eval[kept])
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda layer, x: MultiHeadAttention(512, 6), "not divisible by n_heads"),
+        (lambda layer, x: MultiHeadAttention(0, 1), "must be positive"),
+        (lambda layer, x: MultiHeadAttention(32, 4, dropout=1.0), "dropout"),
+        (lambda layer, x: layer(x[0]), "[batch, seq_len, d_model]"),
+        (lambda layer, x: layer(x[None]), "[batch, seq_len, d_model]"),
+        (lambda layer, x: layer(x, x[0]), "key_value must have shape"),
+        (lambda layer, x: layer(torch.randn(2, 6, 16)), "d_model=32"),
+        (lambda layer, x: layer(x, torch.randn(2, 6, 16)), "key_value has 16 features"),
+        (lambda layer, x: layer(x, torch.randn(3, 6, 32)), "same batch size"),
+        (lambda layer, x: layer(x, mask=torch.ones(6, 6)), "torch.bool"),
+        (lambda layer, x: layer(x, mask=torch.ones(2, 6, 6, dtype=torch.bool)), "mask.unsqueeze(1)"),
+        (lambda layer, x: layer(x, mask=torch.ones(6, 5, dtype=torch.bool)), "does not broadcast"),
+        (lambda layer, x: layer(x, mask=torch.ones(2, 3, 6, 6, dtype=torch.bool)), "does not broadcast"),
+        (lambda layer, x: layer(x, cache=KVCache(torch.zeros(3, 4, 1, 8), torch.zeros(3, 4, 1, 8))), "KVCache"),
+    ],
+)
+def test_bad_input_raises_a_clear_value_error(call, message: str) -> None:
+    layer = MultiHeadAttention(D_MODEL, N_HEADS)
+    x = torch.randn(2, 6, D_MODEL)
+    with pytest.raises(ValueError) as info:
+        call(layer, x)
+    assert message in str(info.value)

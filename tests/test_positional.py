@@ -1,0 +1,209 @@
+"""Tests of aiayn.positional (chapter 4): the sinusoidal table and the two position modules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from aiayn.positional import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    sinusoidal_table,
+)
+
+
+def closed_form(max_len: int, d_model: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), entry by entry."""
+    out = torch.empty(max_len, d_model, dtype=torch.float64)
+    for pos in range(max_len):
+        for dim in range(d_model):
+            angle = pos / 10000 ** (2 * (dim // 2) / d_model)
+            out[pos, dim] = math.sin(angle) if dim % 2 == 0 else math.cos(angle)
+    return out
+
+
+def shift_matrix(k: int, d_model: int) -> torch.Tensor:
+    """Block-diagonal M_k with PE(pos + k) = M_k PE(pos), built independently of the package."""
+    m = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for i in range(d_model // 2):
+        theta = k / 10000 ** (2 * i / d_model)
+        c, s = math.cos(theta), math.sin(theta)
+        m[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, s], [-s, c]])
+    return m
+
+
+def test_table_matches_the_closed_form() -> None:
+    reference = closed_form(60, 16)
+    assert torch.allclose(sinusoidal_table(60, 16, dtype=torch.float64), reference, atol=1e-12)
+    table32 = sinusoidal_table(60, 16)
+    assert table32.dtype == torch.float32 and table32.shape == (60, 16)
+    assert (table32.double() - reference).abs().max() <= 2**-25  # rounded once from float64
+
+
+def test_table_stays_exact_at_large_positions() -> None:
+    # Position 4999: float32 arithmetic would be off by ~1e-4 here; the table is not.
+    table = sinusoidal_table(5000, 8)
+    angles = [4999 / 10000 ** (2 * i / 8) for i in range(4)]
+    exact = torch.tensor([f(a) for a in angles for f in (math.sin, math.cos)], dtype=torch.float64)
+    assert torch.allclose(table[4999].double(), exact, atol=1e-7)
+
+
+def test_table_is_bounded_and_has_constant_norm() -> None:
+    table = sinusoidal_table(1000, 64, dtype=torch.float64)
+    assert table.abs().max() <= 1.0
+    norm = torch.full((1000,), math.sqrt(32.0), dtype=torch.float64)  # sqrt(d_model / 2)
+    assert torch.allclose(table.norm(dim=-1), norm)
+
+
+def test_first_dimensions_have_the_highest_frequency() -> None:
+    sines = sinusoidal_table(1000, 64, dtype=torch.float64)[:, 0::2]  # [1000, 32]
+    sign_changes = (sines[:-1] * sines[1:] < 0).sum(dim=0)
+    assert sign_changes[0] > 300 and sign_changes[-1] == 0
+    assert bool((sign_changes[1:] <= sign_changes[:-1]).all())
+
+
+@pytest.mark.parametrize("k", [1, 3, 17, 250])
+def test_shift_by_k_is_a_fixed_rotation(k: int) -> None:
+    table = sinusoidal_table(800, 32, dtype=torch.float64)
+    m_k = shift_matrix(k, 32)
+    for pos in (0, 5, 99, 500):
+        assert torch.allclose(m_k @ table[pos], table[pos + k], atol=1e-10)
+    assert torch.allclose(m_k.T @ m_k, torch.eye(32, dtype=torch.float64), atol=1e-12)
+
+
+def test_dot_product_depends_only_on_the_offset() -> None:
+    table = sinusoidal_table(200, 32, dtype=torch.float64)
+    omega = torch.tensor([10000 ** (-2 * i / 32) for i in range(16)], dtype=torch.float64)
+    for k in (-7, 1, 2, 40):
+        expected = torch.cos(k * omega).sum()
+        for pos in (50, 80, 120):
+            assert torch.allclose(table[pos] @ table[pos + k], expected, atol=1e-10)
+
+
+def test_table_rejects_odd_width_and_bad_sizes() -> None:
+    with pytest.raises(ValueError, match="even"):
+        sinusoidal_table(10, 7)
+    with pytest.raises(ValueError, match="even"):
+        SinusoidalPositionalEncoding(d_model=7)
+    with pytest.raises(ValueError, match="max_len"):
+        sinusoidal_table(0, 8)
+
+
+def test_sinusoidal_module_adds_the_table() -> None:
+    torch.manual_seed(0)
+    module = SinusoidalPositionalEncoding(d_model=16, max_len=50)
+    x = torch.randn(3, 12, 16)
+    out = module(x)
+    assert out.shape == (3, 12, 16)
+    assert torch.allclose(out - x, closed_form(12, 16).float().expand(3, 12, 16), atol=1e-6)
+
+
+def test_sinusoidal_table_is_a_non_persistent_buffer() -> None:
+    module = SinusoidalPositionalEncoding(d_model=16, max_len=50)
+    assert list(module.parameters()) == []
+    assert dict(module.named_buffers())["pe"].shape == (50, 16)
+    assert "pe" not in module.state_dict()
+    # Loading a state_dict saved with another max_len works: the table is not in it.
+    module.load_state_dict(SinusoidalPositionalEncoding(d_model=16, max_len=10).state_dict())
+
+
+def test_buffer_moves_and_converts_with_the_module() -> None:
+    assert SinusoidalPositionalEncoding(16, max_len=20).to("meta").pe.device.type == "meta"
+    assert SinusoidalPositionalEncoding(16, max_len=20).double().pe.dtype == torch.float64
+    if torch.cuda.is_available():
+        module = SinusoidalPositionalEncoding(16, max_len=20).to("cuda")
+        assert module.pe.is_cuda and module(torch.randn(1, 5, 16, device="cuda")).is_cuda
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_embeddings_keep_their_dtype(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 16)
+    modules = (SinusoidalPositionalEncoding(16, max_len=20), LearnedPositionalEmbedding(20, 16))
+    for module in modules:
+        with torch.no_grad():
+            out = module(x.to(dtype))
+            assert out.dtype == dtype
+            assert torch.allclose(out.float(), module(x), atol=0.05)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SinusoidalPositionalEncoding(d_model=16, max_len=30),
+    lambda: LearnedPositionalEmbedding(max_len=30, d_model=16),
+])
+def test_offset_gives_the_encoding_of_later_positions(make) -> None:
+    torch.manual_seed(0)
+    module = make()
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        full = module(x)
+        for t in range(9):
+            assert torch.equal(module(x[:, t : t + 1], offset=t), full[:, t : t + 1])
+        assert torch.equal(module(x[:, 4:], offset=4), full[:, 4:])
+        # The last positions of the table are reachable, one past them is not.
+        assert module(x[:, :2], offset=28).shape == (2, 2, 16)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SinusoidalPositionalEncoding(d_model=16, max_len=30),
+    lambda: LearnedPositionalEmbedding(max_len=30, d_model=16),
+])
+def test_bad_inputs_raise_clear_value_errors(make) -> None:
+    module = make()
+    x = torch.randn(2, 9, 16)
+    with pytest.raises(ValueError, match=r"length 40.*max_len=30.*max_len=40"):
+        module(torch.randn(1, 40, 16))
+    with pytest.raises(ValueError, match=r"positions 25\.\.33.*max_len=34"):
+        module(x, offset=25)
+    with pytest.raises(ValueError, match=r"\[batch, seq_len, d_model\]"):
+        module(x[0])
+    with pytest.raises(ValueError, match=r"\[batch, seq_len, d_model\]"):
+        module(x[None])
+    with pytest.raises(ValueError, match="d_model=16"):
+        module(x[..., :8])
+    with pytest.raises(ValueError, match="offset"):
+        module(x, offset=-1)
+
+
+def test_constructor_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="dropout"):
+        SinusoidalPositionalEncoding(16, dropout=1.0)
+    with pytest.raises(ValueError, match="dropout"):
+        LearnedPositionalEmbedding(10, 16, dropout=-0.1)
+    with pytest.raises(ValueError, match="at least 1"):
+        LearnedPositionalEmbedding(0, 16)
+
+
+def test_learned_embedding_parameters_and_gradients() -> None:
+    torch.manual_seed(0)
+    module = LearnedPositionalEmbedding(max_len=30, d_model=16)
+    assert sum(p.numel() for p in module.parameters()) == 30 * 16
+    assert list(module.state_dict()) == ["embedding.weight"]
+    x = torch.randn(2, 5, 16)
+    out = module(x, offset=3)
+    assert out.shape == (2, 5, 16)
+    assert torch.allclose(out, x + module.embedding.weight[3:8])
+    out.sum().backward()
+    used = module.embedding.weight.grad.abs().sum(-1) != 0  # [30]
+    assert used.nonzero().flatten().tolist() == [3, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SinusoidalPositionalEncoding(d_model=64, max_len=30, dropout=0.5),
+    lambda: LearnedPositionalEmbedding(max_len=30, d_model=64, dropout=0.5),
+])
+def test_dropout_acts_in_training_only(make) -> None:
+    torch.manual_seed(0)
+    module = make()
+    x = torch.randn(4, 20, 64)
+    with torch.no_grad():
+        train_out = module(x)
+        module.eval()
+        eval_out = module(x)
+        assert torch.equal(module(x), eval_out)  # deterministic in eval mode
+    zeroed = (train_out == 0).float().mean().item()
+    assert 0.4 < zeroed < 0.6
+    kept = train_out != 0
+    assert torch.allclose(train_out[kept], 2 * eval_out[kept])
