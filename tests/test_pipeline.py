@@ -99,6 +99,25 @@ def test_export_writes_module_and_init(demo_tree: Path) -> None:
     assert run_script(demo_tree, "export.py", "--check").returncode == 0
 
 
+def test_reexport_lifts_names_to_the_package(demo_tree: Path) -> None:
+    chapter = demo_tree / "book/01_demo.md"
+    chapter.write_text(chapter.read_text().replace("module: aiayn.demo\n", "module: aiayn.demo\nreexport: [double]\n"))
+    assert run_script(demo_tree, "export.py").returncode == 0
+    init = (demo_tree / "src/aiayn/__init__.py").read_text()
+    assert "from aiayn.demo import double\n" in init and '"double",' in init
+    code = "import aiayn; assert aiayn.double(4) == 8; assert aiayn.__all__ == ['double']"
+    result = subprocess.run([sys.executable, "-c", code], cwd=demo_tree, env={"PYTHONPATH": str(demo_tree / "src")},
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_reexport_of_an_undefined_name_is_an_error(demo_tree: Path) -> None:
+    chapter = demo_tree / "book/01_demo.md"
+    chapter.write_text(chapter.read_text().replace("module: aiayn.demo\n", "module: aiayn.demo\nreexport: [triple]\n"))
+    result = run_script(demo_tree, "export.py")
+    assert result.returncode == 2 and "names triple, which" in result.stderr
+
+
 def test_check_names_a_hand_edited_module(demo_tree: Path) -> None:
     path = demo_tree / "src/aiayn/demo.py"
     path.write_text(path.read_text().replace("2 * x", "3 * x"))
