@@ -7,6 +7,12 @@ Each module is the code of one chapter:
     aiayn.masks       chapter 02, book/02_self_attention.md
     aiayn.multi_head  chapter 03, book/03_multi_head_attention.md
     aiayn.positional  chapter 04, book/04_positional_encoding.md
+    aiayn.embedding   chapter 05, book/05_embeddings_and_head.md
+    aiayn.sublayers   chapter 06, book/06_sublayers.md
+    aiayn.encoder     chapter 07, book/07_encoder.md
+    aiayn.decoder     chapter 08, book/08_decoder.md
+    aiayn.model       chapter 09, book/09_transformer.md
+    aiayn.variants    chapter 10, book/10_variants.md
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -15,3 +21,11 @@ try:
     __version__ = version("aiayn")
 except PackageNotFoundError:  # imported from a source tree that is not installed
     __version__ = "0+unknown"
+
+from aiayn.model import Transformer
+from aiayn.model import TransformerConfig
+
+__all__ = [
+    "Transformer",
+    "TransformerConfig",
+]

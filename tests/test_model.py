@@ -1,0 +1,361 @@
+"""Tests of aiayn.model (chapter 9): configuration, full model, initialisation, checkpoints."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from aiayn.decoder import DecoderCache
+from aiayn.masks import causal_mask, padding_mask
+from aiayn.model import Transformer, TransformerConfig, init_weights, load_state_dict_checked
+
+V = 20
+SRC = torch.tensor([[5, 6, 7, 8, 2, 0, 0], [9, 10, 11, 12, 13, 14, 2], [3, 4, 2, 0, 0, 0, 0]])  # [3, 7]
+TGT = torch.tensor([[1, 8, 7, 6, 5, 0], [1, 14, 13, 12, 11, 10], [1, 4, 3, 0, 0, 0]])  # [3, 6]
+REAL = TGT != 0
+
+
+def tiny(**overrides) -> Transformer:
+    """A tiny model in evaluation mode, seeded."""
+    torch.manual_seed(0)
+    return Transformer(TransformerConfig.tiny(V, **overrides)).eval()
+
+
+# --- configuration -------------------------------------------------------------------------------
+
+def test_presets_have_the_papers_sizes():
+    base, big = TransformerConfig.base(), TransformerConfig.big()
+    assert (base.d_model, base.n_heads, base.n_encoder_layers, base.n_decoder_layers, base.d_ff, base.dropout) == \
+        (512, 8, 6, 6, 2048, 0.1)
+    assert (big.d_model, big.n_heads, big.n_encoder_layers, big.n_decoder_layers, big.d_ff, big.dropout) == \
+        (1024, 16, 6, 6, 4096, 0.3)
+    assert base.src_vocab_size == base.tgt_vocab_size == 37000 and base.share_embeddings and base.tie_output
+    small, tiny_cfg = TransformerConfig.small(8000), TransformerConfig.tiny(V)
+    assert (small.d_model, small.n_heads, small.n_encoder_layers, small.d_ff) == (256, 4, 3, 1024)
+    assert (tiny_cfg.d_model, tiny_cfg.n_encoder_layers, tiny_cfg.n_decoder_layers, tiny_cfg.d_ff) == (64, 2, 2, 128)
+    assert TransformerConfig.big(32000, dropout=0.1).dropout == 0.1
+
+
+def test_config_round_trip_through_plain_dict():
+    config = TransformerConfig.small(8000, norm_first=True, positional="learned")
+    data = config.to_dict()
+    assert all(v is None or type(v) in (int, float, str, bool) for v in data.values())
+    assert TransformerConfig.from_dict(data) == config
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda: TransformerConfig.base(n_heads=7), "not divisible by n_heads"),
+        (lambda: TransformerConfig.small(8000, tgt_vocab_size=6000), "share_embeddings"),
+        (lambda: TransformerConfig.tiny(V, pad_id=V), "pad_id"),
+        (lambda: TransformerConfig.tiny(V, eos_id=-1), "eos_id"),
+        (lambda: TransformerConfig.tiny(V, pad_id=2), "padding mask would hide"),
+        (lambda: TransformerConfig.base(dropout=1.0), "dropout"),
+        (lambda: TransformerConfig.base(d_model=0), "d_model must be an int"),
+        (lambda: TransformerConfig.base(n_encoder_layers=True), "n_encoder_layers"),
+        (lambda: TransformerConfig.base(positional="rotary"), "positional"),
+        (lambda: TransformerConfig.base(activation="tanh"), "activation"),
+        (lambda: TransformerConfig.tiny(V, d_model=63, n_heads=7), "even d_model"),
+        (lambda: TransformerConfig.base(final_norm=0), "final_norm"),
+        (lambda: TransformerConfig.base(num_layers=6), "unknown config field"),
+        (lambda: TransformerConfig.from_dict({"d_model": 512}), "missing fields"),
+        (lambda: TransformerConfig.from_dict([1, 2]), "mapping"),
+    ],
+)
+def test_bad_configs_are_refused(make, words):
+    with pytest.raises(ValueError, match=words):
+        make()
+
+
+def test_config_is_frozen():
+    with pytest.raises(Exception):
+        TransformerConfig.tiny(V).d_model = 32  # type: ignore[misc]
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+def test_forward_shapes_and_encode_decode():
+    model = tiny()
+    with torch.no_grad():
+        logits = model(SRC, TGT)
+        memory = model.encode(SRC)
+        assert memory.shape == (3, 7, 64) and logits.shape == (3, 6, V)
+        assert torch.allclose(model.decode(TGT, memory, SRC), logits)
+        assert torch.allclose(model.decode(TGT, memory, padding_mask(SRC, 0)), logits)  # a ready mask
+
+
+def test_tied_weights_are_one_parameter():
+    model = tiny()
+    assert model.src_embed.weight is model.tgt_embed.weight is model.head.weight
+    assert model.num_parameters() == sum(p.numel() for p in model.parameters())
+    assert sum(t.numel() for t in model.state_dict().values()) == model.num_parameters() + 2 * V * 64
+    only_output = tiny(share_embeddings=False)
+    assert only_output.tgt_embed.weight is only_output.head.weight
+    assert only_output.src_embed.weight is not only_output.tgt_embed.weight
+    only_inputs = tiny(tie_output=False)
+    assert only_inputs.src_embed.weight is only_inputs.tgt_embed.weight is not only_inputs.head.weight
+    assert bool((model.head.weight[0] == 0).all())  # the pad row starts at zero
+
+
+def test_causal_and_padding_invariant():
+    model = tiny()
+    with torch.no_grad():
+        logits = model(SRC, TGT)
+        changed = TGT.clone()
+        changed[:, 3] = 4
+        after = model(SRC, changed)
+        assert torch.allclose(after[:, :3], logits[:, :3], atol=1e-6)
+        assert not torch.allclose(after[:, 3:], logits[:, 3:])
+        alone = model(SRC[:1, :5], TGT[:1, :5])
+        assert torch.allclose(alone, logits[:1, :5], atol=1e-5)
+
+
+def test_parity_with_torch_transformer():
+    """Same weights, final LayerNorms, opposite mask conventions: same logits at real positions."""
+    model = tiny(final_norm=True, dropout=0.1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
+    enc = {"self_attn.in_proj.": "self_attn.in_proj_", "ffn.w_1.": "linear1.", "ffn.w_2.": "linear2.",
+           "res_attn.norm.": "norm1.", "res_ffn.norm.": "norm2."}
+    dec = {"self_attn.in_proj.": "self_attn.in_proj_", "cross_attn.in_proj.": "multihead_attn.in_proj_",
+           "cross_attn.out_proj.": "multihead_attn.out_proj.", "ffn.w_1.": "linear1.", "ffn.w_2.": "linear2.",
+           "res_self.norm.": "norm1.", "res_cross.norm.": "norm2.", "res_ffn.norm.": "norm3."}
+    state = {}
+    for stack, names in (("encoder", enc), ("decoder", dec)):
+        for name, value in getattr(model, stack).state_dict().items():
+            for ours, theirs in names.items():
+                name = name.replace(ours, theirs)
+            state[f"{stack}.{name}"] = value
+    ref = nn.Transformer(64, 4, 2, 2, 128, 0.1, batch_first=True).eval()
+    ref.load_state_dict(state)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = model(SRC, TGT)
+        y = ref(model.positional(model.src_embed(SRC)), model.positional(model.tgt_embed(TGT)),
+                tgt_mask=~causal_mask(TGT.size(1)), src_key_padding_mask=SRC == 0,
+                tgt_key_padding_mask=TGT == 0, memory_key_padding_mask=SRC == 0)
+        theirs = model.head(y)
+    assert torch.allclose(ours[REAL], theirs[REAL], atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_decoding_equals_full_decoding(norm_first):
+    model = tiny(norm_first=norm_first)
+    with torch.no_grad():
+        full = model(SRC, TGT)
+        memory = model.encode(SRC)
+        cache = model.new_cache()
+        offsets, steps = [], []
+        for t in range(TGT.size(1)):
+            offsets.append(cache.seq_len)
+            steps.append(model.decode(TGT[:, t:t + 1], memory, SRC, cache=cache))
+        assert offsets == list(range(TGT.size(1)))
+        assert torch.allclose(torch.cat(steps, 1)[REAL], full[REAL], atol=1e-5)
+        cache = model.new_cache()
+        chunks = [model.decode(TGT[:, a:b], memory, SRC, cache=cache) for a, b in ((0, 2), (2, 5), (5, 6))]
+        assert torch.allclose(torch.cat(chunks, 1)[REAL], full[REAL], atol=1e-5)
+        assert isinstance(model.new_cache(), DecoderCache)
+
+
+def test_learned_positions_and_gelu_run():
+    model = tiny(positional="learned", activation="gelu", norm_first=True)
+    with torch.no_grad():
+        out = model(SRC, TGT)
+    assert out.shape == (3, 6, V) and torch.isfinite(out).all()
+    assert model.num_parameters() == tiny().num_parameters() + 1024 * 64 + 2 * 2 * 64  # table + final norms
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda m: m(SRC.float(), TGT), "integer token ids"),
+        (lambda m: m(SRC, TGT.float()), "integer token ids"),
+        (lambda m: m(SRC, TGT + V), r"tgt: token ids must lie in \[0, vocab_size\)"),
+        (lambda m: m(SRC - 1, TGT), r"src: token ids must lie"),
+        (lambda m: m(SRC, TGT[:2]), "src holds 3 sequences but tgt holds 2"),
+        (lambda m: m(SRC[0], TGT), r"\[batch, src_len\]"),
+        (lambda m: m(torch.ones(1, 1025, dtype=torch.long), TGT[:1]), "max_len=1024"),
+        (lambda m: m.decode(TGT, m.encode(SRC)[:2], SRC[:2]), "tgt holds 3 sequences but memory 2"),
+        (lambda m: m.decode(TGT, m.encode(SRC), SRC[:, :5]), "memory was encoded from"),
+        (lambda m: m.decode(TGT[:, :1], m.encode(SRC), SRC, cache=[]), "DecoderCache"),
+        (lambda m: m.decode(TGT, torch.zeros(3, 64), SRC), "encoder output"),
+        (lambda m: Transformer({"src_vocab_size": V}), "TransformerConfig"),
+    ],
+)
+def test_bad_input_is_a_clear_value_error(call, words):
+    with pytest.raises(ValueError, match=words):
+        call(tiny())
+
+
+def test_too_long_with_cache_names_the_offset():
+    model = tiny(max_len=8)
+    with torch.no_grad():
+        memory = model.encode(SRC)
+        cache = model.new_cache()
+        model.decode(TGT, memory, SRC, cache=cache)  # positions 0-5
+        with pytest.raises(ValueError, match="after 6 cached positions"):
+            model.decode(TGT[:, :3], memory, SRC, cache=cache)
+
+
+# --- parameters and FLOPs ------------------------------------------------------------------------
+
+def _layers(d: int, d_ff: int) -> int:
+    return 6 * (4 * d * d + 2 * d * d_ff + d_ff + 9 * d) + 6 * (8 * d * d + 2 * d * d_ff + d_ff + 15 * d)
+
+
+@pytest.mark.parametrize(
+    "share, tie, base_count, big_count",
+    [
+        (True, True, 63_082_496, 214_245_376),
+        (False, True, 82_026_496, 252_133_376),
+        (True, False, 82_026_496, 252_133_376),
+        (False, False, 100_970_496, 290_021_376),
+    ],
+)
+def test_parameter_counts_on_meta(share, tie, base_count, big_count):
+    with torch.device("meta"):
+        base = Transformer(TransformerConfig.base(share_embeddings=share, tie_output=tie))
+        big = Transformer(TransformerConfig.big(share_embeddings=share, tie_output=tie))
+    matrices = 3 - share - tie
+    assert base.num_parameters() == base_count == _layers(512, 2048) + matrices * 37000 * 512
+    assert big.num_parameters() == big_count == _layers(1024, 4096) + matrices * 37000 * 1024
+
+
+def test_training_flops_match_six_n_d_plus_attention():
+    with torch.device("meta"):
+        model = Transformer(TransformerConfig.base())
+        x_src = torch.empty(8, 25, 512, requires_grad=True)
+        x_tgt = torch.empty(8, 25, 512, requires_grad=True)
+        mask = torch.ones(8, 1, 1, 25, dtype=torch.bool)
+        causal = causal_mask(25)
+        labels = torch.zeros(200, dtype=torch.long)
+    with FlopCounterMode(display=False) as counter:
+        memory = model.encoder(model.positional(x_src), mask=mask)
+        y = model.decoder(model.positional(x_tgt), memory, self_mask=causal, memory_mask=mask)
+        F.cross_entropy(model.head(y).flatten(0, 1), labels).backward()
+    n = model.num_parameters()
+    vectors = sum(p.numel() for p in model.parameters() if p.dim() == 1)
+    attention = 3 * 8 * (6 * 4 * 25**2 + 6 * 4 * (25**2 + 25 * 25)) * 512
+    assert counter.get_total_flops() == 6 * (n - vectors) * 200 + attention
+    assert abs(counter.get_total_flops() / (6 * n * 200) - 1) < 0.02
+
+
+# --- initialisation and precision ----------------------------------------------------------------
+
+def test_init_is_xavier_per_matrix():
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.small(1000))
+    layer = model.decoder.layers[0]
+    for w in layer.cross_attn.in_proj.weight.chunk(3):  # each [256, 256]: sqrt(6 / 512) bound
+        assert w.abs().max() <= math.sqrt(6 / 512) and abs(w.std().item() * math.sqrt(256) - 1) < 0.03
+    assert abs(layer.ffn.w_1.weight.std().item() / math.sqrt(2 / (256 + 1024)) - 1) < 0.03
+    assert abs(model.head.weight.std().item() * math.sqrt(256) - 1) < 0.03
+    assert all(bool((p == 0).all()) for n, p in model.named_parameters() if n.endswith("bias"))
+    assert all(bool((m.weight == 1).all()) for m in model.modules() if isinstance(m, nn.LayerNorm))
+    with torch.no_grad():
+        model.head.weight.fill_(1.0)
+    init_weights(model)
+    assert bool((model.src_embed.weight[0] == 0).all()) and model.head.weight.std() < 0.1
+
+
+def test_bfloat16_autocast_on_cpu_has_no_nan():
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.small(V))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(SRC, TGT)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), TGT.flatten())
+    loss.backward()
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all() and torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    model.eval()
+    with torch.no_grad():
+        reference = model(SRC, TGT)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(SRC, TGT)
+    assert ((low.float() - reference).norm() / reference.norm()) < 0.02
+
+
+# --- checkpoints ---------------------------------------------------------------------------------
+
+def test_save_load_round_trip(tmp_path):
+    model = tiny()
+    path = tmp_path / "model.pt"
+    model.save(path)
+    raw = torch.load(path, weights_only=True)
+    assert set(raw) == {"format", "config", "state_dict"}
+    restored = Transformer.load(path).eval()
+    assert restored.config == model.config
+    assert restored.src_embed.weight is restored.head.weight
+    with torch.no_grad():
+        assert torch.equal(restored(SRC, TGT), model(SRC, TGT))
+    assert not (tmp_path / "model.pt.partial").exists()
+    other = tiny()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    other.load_weights(path)
+    with torch.no_grad():
+        assert torch.equal(other(SRC, TGT), model(SRC, TGT))
+
+
+def test_wrong_config_checkpoint_is_a_clear_value_error(tmp_path):
+    path = tmp_path / "model.pt"
+    tiny().save(path)
+    wider = tiny(d_model=32)
+    with pytest.raises(ValueError, match="d_model=64 there, 32 here"):
+        wider.load_weights(path)
+    state = torch.load(path, weights_only=True)["state_dict"]
+    with pytest.raises(ValueError, match=r"of another shape: src_embed.weight is \[20, 64\] there, \[20, 32\] here"):
+        load_state_dict_checked(wider, state)
+    with pytest.raises(ValueError, match="missing"):
+        load_state_dict_checked(tiny(), {k: v for k, v in state.items() if "decoder" not in k})
+    with pytest.raises(ValueError, match="one shared matrix here"):
+        load_state_dict_checked(tiny(), tiny(share_embeddings=False, tie_output=False).state_dict())
+    with pytest.raises(ValueError, match="max_len=16 there"):
+        tiny(positional="learned", max_len=16).save(tmp_path / "learned.pt")
+        tiny(positional="learned", max_len=32).load_weights(tmp_path / "learned.pt")
+
+
+def test_sinusoidal_model_loads_into_a_longer_table(tmp_path):
+    short = tiny(max_len=16)
+    short.save(tmp_path / "short.pt")
+    longer = tiny(max_len=64)
+    longer.load_weights(tmp_path / "short.pt")
+    with torch.no_grad():
+        assert torch.equal(longer(SRC, TGT), short(SRC, TGT))
+        assert longer(torch.randint(3, V, (1, 40)), TGT[:1]).shape == (1, 6, V)
+
+
+def test_truncated_missing_and_foreign_files(tmp_path):
+    path = tmp_path / "model.pt"
+    tiny().save(path)
+    data = path.read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        Transformer.load(tmp_path / "truncated.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        Transformer.load(tmp_path / "empty.pt")
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        Transformer.load(tmp_path / "missing.pt")
+    torch.save(tiny().state_dict(), tmp_path / "bare.pt")
+    with pytest.raises(ValueError, match="not written by Transformer.save"):
+        Transformer.load(tmp_path / "bare.pt")
+
+
+def test_top_level_import():
+    import aiayn
+    from aiayn import Transformer as TopTransformer
+    from aiayn import TransformerConfig as TopConfig
+
+    assert TopTransformer is Transformer and TopConfig is TransformerConfig
+    assert {"Transformer", "TransformerConfig"} <= set(aiayn.__all__)
