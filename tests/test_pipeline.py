@@ -111,6 +111,22 @@ def test_reexport_lifts_names_to_the_package(demo_tree: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_commands_dispatch_to_chapter_functions(demo_tree: Path) -> None:
+    chapter = demo_tree / "book/01_demo.md"
+    text = chapter.read_text().replace("module: aiayn.demo\n", "module: aiayn.demo\ncommands: {twice: cli}\n")
+    text = text.replace("    return 2 * x\n```", "    return 2 * x\n\n\ndef cli(argv: list[str]) -> int:\n    print(double(int(argv[0])))\n    return 0\n```")
+    chapter.write_text(text)
+    assert run_script(demo_tree, "export.py").returncode == 0
+    env = {"PYTHONPATH": str(demo_tree / "src")}
+    run = lambda *args: subprocess.run([sys.executable, "-m", "aiayn", *args], cwd=demo_tree, env=env,
+                                       capture_output=True, text=True)
+    assert run("twice", "21").stdout == "42\n"
+    listing = run("--help")
+    assert listing.returncode == 0 and "twice" in listing.stdout and "aiayn.demo.cli, from book/01_demo.md" in listing.stdout
+    unknown = run("thrice")
+    assert unknown.returncode == 2 and "unknown command 'thrice'" in unknown.stderr
+
+
 def test_reexport_of_an_undefined_name_is_an_error(demo_tree: Path) -> None:
     chapter = demo_tree / "book/01_demo.md"
     chapter.write_text(chapter.read_text().replace("module: aiayn.demo\n", "module: aiayn.demo\nreexport: [triple]\n"))
