@@ -13,6 +13,8 @@ Each module is the code of one chapter:
     aiayn.decoder     chapter 08, book/08_decoder.md
     aiayn.model       chapter 09, book/09_transformer.md
     aiayn.variants    chapter 10, book/10_variants.md
+    aiayn.batching    chapter 11, book/11_batching.md
+    aiayn.optim       chapter 12, book/12_loss_and_schedule.md
 """
 
 from importlib.metadata import PackageNotFoundError, version
