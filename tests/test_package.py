@@ -52,6 +52,16 @@ def test_wheel_holds_every_exported_module_and_imports(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0.1.0"
+    # The installed copy's commands: `python -m aiayn train ...` and `... translate ...`.
+    for command, expected in (("train", "--preset"), ("translate", "--checkpoint")):
+        result = subprocess.run(
+            [sys.executable, "-m", "aiayn", command, "--help"],
+            cwd=tmp_path,
+            env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0 and expected in result.stdout, result.stderr
 
 
 def test_readme_example_runs() -> None:

@@ -216,6 +216,21 @@ def test_chapter_notebook_was_executed_top_to_bottom(chapter: Path) -> None:
             assert output.output_type != "error", f"a cell of {chapter.name} fails:\n{cell.source}"
 
 
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_outputs_name_no_path_of_this_machine(chapter: Path) -> None:
+    """A stored output that names a local path (a warning's file name, a temporary
+    directory) differs on every other machine, so nbval would fail there, and the
+    book would show it to readers."""
+    stored = nbformat.read(chapter.with_suffix(".ipynb"), as_version=4)
+    local = [str(ROOT), sys.prefix, str(Path.home()), "site-packages", "/tmp/"]
+    for cell in stored.cells:
+        for output in cell.get("outputs", []):
+            text = output.get("text", "") + "".join(
+                str(v) for k, v in output.get("data", {}).items() if k.startswith("text/plain"))
+            found = [p for p in local if p in text]
+            assert not found, f"{chapter.name}: an output names {found}:\n{text[:500]}"
+
+
 # --- table of contents and setup cells ---------------------------------------------
 
 

@@ -15,6 +15,8 @@ Each module is the code of one chapter:
     aiayn.variants    chapter 10, book/10_variants.md
     aiayn.batching    chapter 11, book/11_batching.md
     aiayn.optim       chapter 12, book/12_loss_and_schedule.md
+    aiayn.train       chapter 13, book/13_training.md
+    aiayn.decoding    chapter 14, book/14_decoding.md
 """
 
 from importlib.metadata import PackageNotFoundError, version

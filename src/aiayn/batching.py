@@ -134,12 +134,30 @@ def tokenizer_from_dict(d: Mapping[str, Any]) -> Any:
     if not isinstance(d, Mapping) or "kind" not in d:
         raise ValueError(f"a tokenizer dict needs a 'kind' key, as to_dict() writes it; got {d!r}.")
     cls = _TOKENIZERS.get(d["kind"])
+    if cls is None:  # a later chapter's tokenizer, registered when its module is imported
+        _import_package_modules()
+        cls = _TOKENIZERS.get(d["kind"])
     if cls is None:
         raise ValueError(
             f"unknown tokenizer kind {d['kind']!r}; known: {sorted(_TOKENIZERS)}. Import the module "
-            f"that defines it (e.g. aiayn.data for the subword tokenizer), or register_tokenizer(kind, cls)."
+            f"that defines it, or register_tokenizer(kind, cls)."
         )
     return cls.from_dict(d)
+
+
+def _import_package_modules() -> None:
+    """Import every module of the aiayn package, so that each registers its tokenizers."""
+    import importlib
+    import pkgutil
+
+    import aiayn
+
+    for info in pkgutil.iter_modules(aiayn.__path__):
+        if info.name != "__main__":
+            try:
+                importlib.import_module(f"aiayn.{info.name}")
+            except ImportError:  # a missing optional dependency: that module's tokenizers are not offered
+                pass
 
 
 register_tokenizer(SymbolTokenizer.kind, SymbolTokenizer)

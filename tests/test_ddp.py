@@ -1,0 +1,101 @@
+"""Data-parallel training (chapter 13): two processes under torchrun, gloo on the CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from aiayn import Transformer, TransformerConfig
+from aiayn.train import TrainConfig, Trainer, encode_pairs, make_loader, synthetic_pairs, synthetic_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = 6
+
+# Run by torchrun in each of the two processes: the same model, data and TrainConfig as
+# single_process() below, but each rank reads its own half of the batches.
+SCRIPT = textwrap.dedent(
+    f"""
+    import sys
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from aiayn import Transformer, TransformerConfig
+    from aiayn.train import (TrainConfig, Trainer, encode_pairs, init_distributed, make_loader,
+                             pick_device, synthetic_pairs, synthetic_tokenizer)
+
+    out = Path(sys.argv[1])
+    rank, world_size = init_distributed(pick_device("cpu"))
+    assert world_size == 2 and dist.get_backend() == "gloo"
+    tokenizer = synthetic_tokenizer(10)
+    pairs = encode_pairs(tokenizer, synthetic_pairs("copy", 400, max_len=8, seed=1))
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(tokenizer.vocab_size, max_len=9, dropout=0.0))
+    loader = make_loader(pairs, tokenizer, max_tokens=256, num_replicas=world_size, rank=rank)
+    config = TrainConfig(steps={STEPS}, warmup=20, label_smoothing=0.1, log_every=1, device="cpu",
+                         progress=False, checkpoint_dir=str(out / "checkpoints"))
+    trainer = Trainer(model, config, loader, tokenizer=tokenizer)
+    trainer.fit()
+    torch.save(trainer.model.state_dict(), out / f"rank{{rank}}.pt")
+    dist.destroy_process_group()
+    """
+)
+
+
+def single_process(accum_steps: int) -> Trainer:
+    tokenizer = synthetic_tokenizer(10)
+    pairs = encode_pairs(tokenizer, synthetic_pairs("copy", 400, max_len=8, seed=1))
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(tokenizer.vocab_size, max_len=9, dropout=0.0))
+    config = TrainConfig(steps=STEPS, warmup=20, label_smoothing=0.1, log_every=0, device="cpu",
+                         progress=False, accum_steps=accum_steps)
+    trainer = Trainer(model, config, make_loader(pairs, tokenizer, max_tokens=256), log=None)
+    trainer.fit()
+    return trainer
+
+
+@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed")
+def test_two_processes_train_like_one_process_with_twice_the_batch(tmp_path):
+    script = tmp_path / "ddp_train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(script), str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Rank 0 alone logs and writes the checkpoint.
+    assert sum(line.startswith("step") for line in result.stdout.splitlines()) == STEPS
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["last.pt"]
+
+    rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # the ranks never drift apart
+
+    # TokenBatchSampler gives rank r the batches r, r + 2, r + 4, ...: one DDP step reads
+    # batches 2k and 2k + 1, which is what one process reads with accum_steps=2.
+    reference = single_process(accum_steps=2)
+    saved = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert saved["training"]["history"]["loss"] == pytest.approx(reference.history["loss"], rel=1e-5)
+
+    def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = []
+        for name, value in sorted(state.items()):
+            if name.endswith("in_proj.bias"):  # b_K has a zero gradient: Adam amplifies its rounding noise
+                d = value.numel() // 3
+                value = torch.cat([value[:d], value[2 * d:]])
+            parts.append(value.flatten())
+        return torch.cat(parts)
+
+    ours, theirs = flat(reference.model.state_dict()), flat(rank0)
+    relative = ((ours - theirs).norm() / ours.norm()).item()
+    assert relative < 1e-4, relative

@@ -1,0 +1,353 @@
+"""Tests of aiayn.decoding (chapter 14): greedy search, beam search, sampling, the cache, the CLI."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from aiayn import Transformer, TransformerConfig
+from aiayn.decoding import (
+    MAX_LEN_MARGIN,
+    DecodeResult,
+    beam_search,
+    default_max_len,
+    greedy_search,
+    length_penalty,
+    sample,
+    sampling_probs,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+PAD, BOS, EOS = 0, 1, 2
+V = 20
+SRC = torch.tensor([[4, 9, 7, 3, 5, 6], [6, 8, 5, PAD, PAD, PAD], [3, 3, 9, 11, 7, PAD]])
+
+
+def tiny(seed: int, **overrides) -> Transformer:
+    """An untrained tiny model (the properties tested hold for any weights)."""
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig.tiny(V, **overrides)).eval()
+
+
+class ForcedEnd(nn.Module):
+    """A model whose sentence b writes the end token as its token number ends[b], and never before."""
+
+    def __init__(self, model: Transformer, ends: Tensor) -> None:
+        super().__init__()
+        self.model, self.ends, self.config = model, ends, model.config
+
+    def encode(self, src: Tensor) -> Tensor:
+        return self.model.encode(src)
+
+    def new_cache(self):
+        return self.model.new_cache()
+
+    def decode(self, tgt: Tensor, memory: Tensor, src: Tensor, cache=None) -> Tensor:
+        offset = cache.seq_len if cache is not None else 0
+        logits = self.model.decode(tgt, memory, src, cache=cache).clone()  # [rows, t, V]
+        ends = self.ends.repeat_interleave(tgt.size(0) // self.ends.numel())  # beams: k rows per sentence
+        position = offset + torch.arange(tgt.size(1))  # position p predicts token number p + 1
+        here = (position[None, :] + 1) == ends[:, None]  # [rows, t]
+        logits[..., EOS] = torch.where(here, torch.tensor(1e4), torch.tensor(-1e4))
+        return logits
+
+
+def teacher_forced_log_p(model: Transformer, src: Tensor, result: DecodeResult) -> Tensor:
+    """log P of the result's tokens, from one teacher-forced pass: [batch]."""
+    tokens = result.tokens
+    tgt_in = torch.cat([tokens.new_full((tokens.size(0), 1), BOS), tokens[:, :-1]], dim=1)
+    with torch.no_grad():
+        log_p = model(src, tgt_in).log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
+    real = torch.arange(tokens.size(1)) < result.lengths[:, None]
+    return (log_p * real).sum(-1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_greedy_cached_equals_recomputed(seed: int, norm_first: bool) -> None:
+    model = tiny(seed, norm_first=norm_first)
+    cached = greedy_search(model, SRC, max_len=25)
+    recomputed = greedy_search(model, SRC, max_len=25, use_cache=False)
+    assert torch.equal(cached.tokens, recomputed.tokens)
+    assert torch.equal(cached.lengths, recomputed.lengths)
+    assert torch.allclose(cached.log_probs, recomputed.log_probs, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("beam_size", [2, 4])
+def test_beam_cached_equals_recomputed(seed: int, beam_size: int) -> None:
+    model = tiny(seed, norm_first=seed == 1)
+    cached = beam_search(model, SRC, beam_size=beam_size, max_len=15, n_best=beam_size)
+    recomputed = beam_search(model, SRC, beam_size=beam_size, max_len=15, n_best=beam_size,
+                             use_cache=False)
+    assert torch.equal(cached.tokens, recomputed.tokens)
+    assert torch.allclose(cached.scores, recomputed.scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 5])
+@pytest.mark.parametrize("max_len", [4, 20])
+def test_beam_of_one_is_greedy(seed: int, max_len: int) -> None:
+    model = tiny(seed)
+    greedy = greedy_search(model, SRC, max_len=max_len)
+    beam = beam_search(model, SRC, beam_size=1, alpha=0.6, max_len=max_len)
+    assert torch.equal(beam.tokens, greedy.tokens)
+    assert torch.equal(beam.log_probs, greedy.log_probs)
+    assert torch.equal(beam.finished, greedy.finished)
+    assert torch.allclose(beam.scores, greedy.log_probs / length_penalty(greedy.lengths, 0.6))
+
+
+def test_greedy_tokens_are_argmax_and_scores_are_log_p() -> None:
+    model = tiny(0)
+    out = greedy_search(model, SRC, max_len=10)
+    tgt_in = torch.cat([torch.full((3, 1), BOS), out.tokens[:, :-1]], dim=1)
+    with torch.no_grad():
+        logits = model(SRC, tgt_in)
+    logits[..., [PAD, BOS]] = float("-inf")  # never generated
+    real = torch.arange(out.tokens.size(1)) < out.lengths[:, None]
+    assert torch.equal(logits.argmax(-1)[real], out.tokens[real])
+    assert torch.allclose(teacher_forced_log_p(model, SRC, out), out.log_probs, atol=1e-5)
+    assert torch.equal(out.scores, out.log_probs)
+
+
+def test_beam_scores_match_teacher_forcing_and_are_sorted() -> None:
+    model = tiny(3)
+    out = beam_search(model, SRC, beam_size=3, n_best=3, max_len=8)
+    assert out.tokens.shape[:2] == (3, 3) and out.scores.shape == (3, 3)
+    assert bool((out.scores[:, :-1] >= out.scores[:, 1:]).all())
+    assert torch.allclose(out.scores, out.log_probs / length_penalty(out.lengths, 0.6))
+    for j in range(3):
+        one = DecodeResult(out.tokens[:, j], out.lengths[:, j], out.log_probs[:, j],
+                           out.scores[:, j], out.finished[:, j])
+        assert torch.allclose(teacher_forced_log_p(model, SRC, one), one.log_probs, atol=1e-5)
+    best = beam_search(model, SRC, beam_size=3, max_len=8)
+    assert torch.equal(best.scores, out.scores[:, 0])
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_each_sentence_stops_at_its_end_token(use_cache: bool) -> None:
+    ends = torch.tensor([3, 7, 1])
+    model = ForcedEnd(tiny(0), ends)
+    for out in (greedy_search(model, SRC, max_len=12, use_cache=use_cache),
+                beam_search(model, SRC, beam_size=3, max_len=12, use_cache=use_cache),
+                sample(model, SRC, generator=torch.Generator().manual_seed(0), max_len=12,
+                       use_cache=use_cache)):
+        assert out.lengths.tolist() == ends.tolist()
+        assert out.finished.all()
+        assert out.tokens.shape == (3, 7)
+        for b, n in enumerate(ends.tolist()):
+            assert out.tokens[b, n - 1] == EOS
+            assert bool((out.tokens[b, : n - 1] != EOS).all())
+            assert bool((out.tokens[b, n:] == PAD).all())  # padding after the end
+            assert bool((out.tokens[b, : n] != PAD).all())
+
+
+def test_pad_and_start_token_are_never_generated() -> None:
+    model = tiny(0)  # its favourite first token is the start token
+    with torch.no_grad():
+        first = model.decode(torch.full((3, 1), BOS), model.encode(SRC), SRC)[:, -1]
+    assert (first.argmax(-1) == BOS).any()
+    for out in (greedy_search(model, SRC, max_len=10),
+                beam_search(model, SRC, max_len=10, n_best=4),
+                sample(model, SRC, temperature=3.0, generator=torch.Generator().manual_seed(0))):
+        real = out.tokens[out.tokens != PAD]
+        assert not bool((real == BOS).any())
+        assert int((out.tokens != PAD).sum()) == int(out.lengths.sum())
+
+
+def test_default_max_len_is_source_length_plus_50() -> None:
+    assert MAX_LEN_MARGIN == 50
+    assert default_max_len(SRC, PAD).tolist() == [56, 53, 55]
+    model = ForcedEnd(tiny(0), torch.tensor([1000, 1000, 1000]))  # never ends
+    for out in (greedy_search(model, SRC), beam_search(model, SRC, beam_size=2)):
+        assert out.lengths.tolist() == [56, 53, 55]
+        assert not out.finished.any()
+        assert out.tokens.size(1) == 56
+
+
+def test_max_len_is_capped_by_the_positional_table() -> None:
+    model = ForcedEnd(tiny(0, max_len=20), torch.tensor([1000, 1000, 1000]))
+    assert greedy_search(model, SRC).lengths.tolist() == [20, 20, 20]
+    with pytest.raises(ValueError, match="positional"):
+        greedy_search(model, SRC, max_len=21)
+
+
+def test_min_len_delays_the_end_token() -> None:
+    model = ForcedEnd(tiny(0), torch.tensor([3, 6, 9]))  # the end token at token 3, 6, 9
+    out = greedy_search(model, SRC, min_len=5, max_len=8)
+    assert out.lengths.tolist() == [8, 6, 8]  # 3 is too early, 6 is allowed, 9 is too late
+    assert out.finished.tolist() == [False, True, False]
+
+
+def test_length_penalty() -> None:
+    assert length_penalty(1, 0.6) == 1.0
+    for n in (1, 2, 7, 50):
+        for alpha in (0.0, 0.6, 1.0):
+            assert math.isclose(length_penalty(n, alpha), (5 + n) ** alpha / 6**alpha)
+    lengths = torch.tensor([1, 2, 3])
+    assert torch.allclose(length_penalty(lengths, 0.6), ((5 + lengths) / 6) ** 0.6)
+    assert length_penalty(10, 0.0) == 1.0
+
+
+def test_alpha_changes_the_ranking_of_lengths() -> None:
+    # the short one wins by log P, the long one with the paper's alpha
+    short, long_ = -2.0 / length_penalty(3, 0.0), -3.0 / length_penalty(12, 0.0)
+    assert short > long_
+    assert -3.0 / length_penalty(12, 0.6) > -2.0 / length_penalty(3, 0.6)
+
+
+def test_sampling_is_reproducible_and_its_limits_are_greedy() -> None:
+    model = tiny(0)
+    greedy = greedy_search(model, SRC, max_len=12)
+
+    def run(seed: int, **kw) -> DecodeResult:
+        return sample(model, SRC, generator=torch.Generator().manual_seed(seed), max_len=12, **kw)
+
+    assert torch.equal(run(1).tokens, run(1).tokens)
+    assert not torch.equal(run(1, temperature=2.0).tokens, run(2, temperature=2.0).tokens)
+    for out in (run(3, temperature=1e-4), run(4, top_k=1), run(5, temperature=5.0, top_k=1)):
+        assert torch.equal(out.tokens, greedy.tokens)
+        assert torch.allclose(out.log_probs, greedy.log_probs, atol=1e-6)
+    cached, recomputed = run(6), sample(model, SRC, generator=torch.Generator().manual_seed(6),
+                                        max_len=12, use_cache=False)
+    assert torch.equal(cached.tokens, recomputed.tokens)
+
+
+def test_sampling_probs() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(4, 30)
+    p = sampling_probs(logits)
+    assert torch.allclose(p, logits.softmax(-1))
+    assert torch.allclose(sampling_probs(logits, 0.5), (logits / 0.5).softmax(-1))
+    top = sampling_probs(logits, 1.0, top_k=5)
+    assert ((top > 0).sum(-1) == 5).all() and torch.allclose(top.sum(-1), torch.ones(4))
+    kept = logits.topk(5, dim=-1).indices
+    assert torch.allclose(top.gather(-1, kept), logits.gather(-1, kept).softmax(-1))
+    assert torch.equal(sampling_probs(logits, 1.0, top_k=30), p)
+    assert torch.allclose(sampling_probs(logits, 1e4), torch.full((4, 30), 1 / 30), atol=1e-3)
+    draws = torch.multinomial(p[0].expand(40_000, -1), 1, generator=torch.Generator().manual_seed(0))
+    frequency = torch.bincount(draws[:, 0], minlength=30) / 40_000
+    assert (frequency - p[0]).abs().max() < 0.01
+
+
+def test_model_mode_is_restored() -> None:
+    model = tiny(0, dropout=0.1).train()
+    greedy_search(model, SRC, max_len=3)
+    beam_search(model, SRC, max_len=3)
+    assert model.training
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m: beam_search(m, SRC, beam_size=0), "beam_size"),
+        (lambda m: beam_search(m, SRC, beam_size=2.0), "beam_size"),
+        (lambda m: beam_search(m, SRC, beam_size=V), "beam_size"),
+        (lambda m: beam_search(m, SRC, alpha=-0.1), "alpha"),
+        (lambda m: beam_search(m, SRC, beam_size=2, n_best=3), "n_best"),
+        (lambda m: sample(m, SRC, temperature=0.0), "temperature"),
+        (lambda m: sample(m, SRC, temperature=-1.0), "temperature"),
+        (lambda m: sample(m, SRC, top_k=0), "top_k"),
+        (lambda m: sampling_probs(torch.zeros(3), temperature=0), "temperature"),
+        (lambda m: greedy_search(m, SRC[:, :0]), "empty"),
+        (lambda m: greedy_search(m, torch.zeros(2, 4, dtype=torch.long)), "only padding"),
+        (lambda m: greedy_search(m, SRC[0]), r"\[batch, src_len\]"),
+        (lambda m: greedy_search(m, SRC.float()), "integer"),
+        (lambda m: greedy_search(m, SRC, max_len=0), "max_len"),
+        (lambda m: greedy_search(m, SRC, min_len=60), "min_len"),
+    ],
+)
+def test_bad_input_is_a_clear_value_error(call, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call(tiny(0))
+
+
+@pytest.fixture(scope="module")
+def briefly_trained() -> Transformer:
+    """A tiny model after 60 steps of the copy task: not accurate, but it never proposes pad or <s>."""
+    from aiayn.train import TrainConfig, Trainer, encode_pairs, make_loader, synthetic_pairs, synthetic_tokenizer
+
+    tokenizer = synthetic_tokenizer(10)
+    pairs = encode_pairs(tokenizer, synthetic_pairs("copy", 2000, 10, 1, 8, seed=1))
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(tokenizer.vocab_size, max_len=30))
+    config = TrainConfig(steps=60, warmup=20, factor=0.5, log_every=0, device="cpu", progress=False)
+    Trainer(model, config, make_loader(pairs, tokenizer, 512), log=None).fit()
+    return model.eval()
+
+
+def test_greedy_equals_chapter_13_reference(briefly_trained: Transformer) -> None:
+    from aiayn.train import greedy_decode
+
+    src = torch.tensor([[4, 9, 7, 3, 5, 6, 8, 11], [6, 8, 5, 12, PAD, PAD, PAD, PAD],
+                        [13, 13, 9, 11, 7, PAD, PAD, PAD]])
+    for max_len in (3, 12, 25):
+        reference = greedy_decode(briefly_trained, src, max_len=max_len)
+        for use_cache in (True, False):
+            ours = greedy_search(briefly_trained, src, max_len=max_len, use_cache=use_cache)
+            assert torch.equal(ours.tokens, reference)
+        beam = beam_search(briefly_trained, src, beam_size=1, max_len=max_len)
+        assert torch.equal(beam.tokens, reference)
+
+
+def run_aiayn(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m aiayn ARGS` in a subprocess that imports the package from this tree."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "aiayn", *args], input=stdin, capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint written by `python -m aiayn train --task copy --steps 30`."""
+    directory = tmp_path_factory.mktemp("copy")
+    done = run_aiayn("train", "--task", "copy", "--steps", "30", "--checkpoint-dir", str(directory),
+                     "--device", "cpu", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert (directory / "last.pt").is_file()
+    return directory / "last.pt"
+
+
+def assert_valid_lines(stdout: str, n_inputs: int) -> None:
+    """One output line per input, each made of the task's symbols (possibly none)."""
+    lines = stdout.split("\n")
+    assert lines[-1] == "" and len(lines) == n_inputs + 1, stdout
+    for line in lines[:-1]:
+        assert all(token in {str(d) for d in range(10)} for token in line.split()), line
+
+
+def test_translate_cli(checkpoint: Path) -> None:
+    done = run_aiayn("translate", "--checkpoint", str(checkpoint), "3 1 4 1 5", "2 7", "9")
+    assert done.returncode == 0, done.stderr
+    assert_valid_lines(done.stdout, 3)
+    for options in (["--greedy"], ["--sample", "--temperature", "0.7", "--top-k", "3", "--seed", "1"],
+                    ["--beam-size", "2", "--alpha", "0.0", "--max-len", "6"]):
+        done = run_aiayn("translate", "--checkpoint", str(checkpoint.parent), *options,
+                         stdin="1 2 3\n\n4 5 6 7\n")  # a directory: its last.pt; lines from stdin
+        assert done.returncode == 0, done.stderr
+        assert_valid_lines(done.stdout, 3)
+        assert done.stdout.split("\n")[1] == ""  # the empty line stays empty
+
+
+def test_translate_cli_errors(checkpoint: Path, tmp_path: Path) -> None:
+    missing = run_aiayn("translate", "--checkpoint", str(tmp_path / "nothing.pt"), "1 2")
+    assert missing.returncode == 2 and "no checkpoint file" in missing.stderr and missing.stdout == ""
+    empty = run_aiayn("translate", "--checkpoint", str(checkpoint), stdin="\n  \n")
+    assert empty.returncode == 2 and "nothing to translate" in empty.stderr
+    bad = run_aiayn("translate", "--checkpoint", str(checkpoint), "--beam-size", "0", "1 2")
+    assert bad.returncode == 2 and "beam_size" in bad.stderr
+    device = run_aiayn("translate", "--checkpoint", str(checkpoint), "--device", "gpu0", "1 2")
+    assert device.returncode == 2 and "unknown device 'gpu0'" in device.stderr
+    both = run_aiayn("translate", "--checkpoint", str(checkpoint), "--greedy", "--sample", "1 2")
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+    helped = run_aiayn("translate", "--help")
+    assert helped.returncode == 0 and "--beam-size" in helped.stdout
+    listed = run_aiayn("--help")
+    assert "translate" in listed.stdout
