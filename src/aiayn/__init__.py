@@ -17,6 +17,8 @@ Each module is the code of one chapter:
     aiayn.optim       chapter 12, book/12_loss_and_schedule.md
     aiayn.train       chapter 13, book/13_training.md
     aiayn.decoding    chapter 14, book/14_decoding.md
+    aiayn.data        chapter 15, book/15_translation.md
+    aiayn.viz         chapter 16, book/16_inside_attention.md
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -10,6 +10,7 @@ from importlib import import_module
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("aiayn.train", "main", "book/13_training.md"),
     "translate": ("aiayn.decoding", "main", "book/14_decoding.md"),
+    "bleu": ("aiayn.data", "main", "book/15_translation.md"),
 }
 
 
