@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Decoding throughput with and without the key-value cache, side by side (chapter 14).
+"""Decoding throughput with and without the key-value cache, side by side (chapter 15).
 
 For greedy search and beam search, and for several output lengths m, this
 decodes the same batch with `use_cache=True` and `use_cache=False` in one run,
@@ -7,7 +7,7 @@ alternating the two, and prints the output tokens per second of each and their
 ratio. Throughput counts output tokens, batch * m per run (a beam search extends
 beam_size hypotheses per sentence to write them). `min_len = max_len = m`
 makes every sentence write exactly m tokens, so
-both sides do the same search (chapter 14 checks that they return the same
+both sides do the same search (chapter 15 checks that they return the same
 tokens). The model is untrained: the cost of decoding does not depend on the
 weights.
 

@@ -1,4 +1,4 @@
-"""Tests of aiayn.data (chapter 15): Multi30k files, the subword tokenizer, BLEU, recipes, presets, commands."""
+"""Tests of aiayn.data (chapter 16): Multi30k files, the subword tokenizer, BLEU, recipes, presets, commands."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of aiayn.decoding (chapter 14): greedy search, beam search, sampling, the cache, the CLI."""
+"""Tests of aiayn.decoding (chapter 15): greedy search, beam search, sampling, the cache, the CLI."""
 
 from __future__ import annotations
 

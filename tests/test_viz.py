@@ -1,4 +1,4 @@
-"""Tests of aiayn.viz (chapter 16): recording attention with hooks, statistics, head removal, charts."""
+"""Tests of aiayn.viz (chapter 17): recording attention with hooks, statistics, head removal, charts."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def test_token_strings() -> None:
         def decode(self, ids: list[int]) -> str:
             return "+".join(map(str, ids))
 
-    class Wrapper:  # like chapter 15's SubwordTokenizer around a Hugging Face tokenizer
+    class Wrapper:  # like chapter 16's SubwordTokenizer around a Hugging Face tokenizer
         tokenizer = Subwords()
 
     assert token_strings(Subwords(), [3, 7]) == ["tok3", "tok7"]

@@ -9,8 +9,8 @@ from importlib import import_module
 # command -> (module, function, the chapter that defines it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("aiayn.train", "main", "book/13_training.md"),
-    "translate": ("aiayn.decoding", "main", "book/14_decoding.md"),
-    "bleu": ("aiayn.data", "main", "book/15_translation.md"),
+    "translate": ("aiayn.decoding", "main", "book/15_decoding.md"),
+    "bleu": ("aiayn.data", "main", "book/16_translation.md"),
 }
 
 

@@ -131,7 +131,7 @@ def make_loader(
 def greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
     """The most likely next token, step by step, recomputing the whole prefix each time (chapter 13).
 
-    The reference that chapter 14's fast decoders must agree with. Runs the model
+    The reference that chapter 15's fast decoders must agree with. Runs the model
     in eval mode (and restores its mode). Returns long [batch, n], n <= max_len:
     the tokens after the start token; a row ends with its first eos and then
     pad_id; a row that reaches max_len tokens without eos has none. Stops as soon
