@@ -10,6 +10,11 @@ the front matter makes `from aiayn import Transformer` work). `src/aiayn/__main_
 dispatches `python -m aiayn COMMAND` to the functions that chapters declare
 (`commands: {train: main}` runs `aiayn.<module>.main(argv)` for `python -m aiayn train`).
 
+A class can be built across cells, a method or two at a time with prose between them:
+a later export cell that holds only `class Name(Name):` continues the class `Name` of an
+earlier export cell of the same chapter. In the notebook it is a subclass that adds
+methods; in the module its body is appended to the one class `Name`.
+
     python scripts/export.py            write src/aiayn/ from the book
     python scripts/export.py --check    exit 1, naming each file, when src/aiayn/
                                         differs from what the book exports
@@ -18,6 +23,7 @@ dispatches `python -m aiayn COMMAND` to the functions that chapters declare
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import re
 import sys
@@ -114,6 +120,45 @@ def read_chapter(path: Path) -> Chapter:
     return Chapter(path, title, module, cells, reexport, commands)
 
 
+def continued_class(source: str) -> ast.ClassDef | None:
+    """The class statement of a cell that holds only `class Name(Name): ...`, else None."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.ClassDef):
+        return None
+    node = tree.body[0]
+    bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+    return node if bases == [node.name] and len(node.bases) == 1 and not node.keywords else None
+
+
+def merge_continued_classes(cells: list[str], rel: str) -> list[str]:
+    """Append the body of each `class Name(Name):` cell to the earlier cell that defines Name."""
+    merged: list[str] = []
+    for source in cells:
+        node = continued_class(source)
+        if node is None:
+            merged.append(source)
+            continue
+        if node.decorator_list or ast.get_docstring(node) is not None:
+            raise ExportError(f"{rel}: the cell continuing class {node.name} may hold methods only, "
+                              f"without decorators on the class or a docstring")
+        body = source.splitlines()[node.lineno:]  # the lines after `class Name(Name):`
+        for k in range(len(merged) - 1, -1, -1):
+            classes = [n for n in ast.parse(merged[k]).body
+                       if isinstance(n, ast.ClassDef) and n.name == node.name]
+            if classes:
+                lines = merged[k].splitlines()
+                end = classes[-1].end_lineno
+                merged[k] = "\n".join(lines[:end] + [""] + body + lines[end:])
+                break
+        else:
+            raise ExportError(f"{rel}: a cell continues class {node.name}, which no earlier "
+                              f"'{EXPORT_TAG}' cell of the chapter defines")
+    return merged
+
+
 def module_text(chapter: Chapter) -> str:
     """The generated module of one chapter."""
     header = (
@@ -122,7 +167,8 @@ def module_text(chapter: Chapter) -> str:
         "# Do not edit: change the chapter, then run `python scripts/export.py`.\n"
     )
     doc = f'"""{chapter.title} (chapter {chapter.number} of the book)."""\n'
-    return header + doc + "\n" + "\n\n\n".join(chapter.cells) + "\n"
+    cells = merge_continued_classes(chapter.cells, chapter.rel)
+    return header + doc + "\n" + "\n\n\n".join(cells) + "\n"
 
 
 def init_text(chapters: list[Chapter]) -> str:

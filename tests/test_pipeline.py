@@ -127,6 +127,53 @@ def test_commands_dispatch_to_chapter_functions(demo_tree: Path) -> None:
     assert unknown.returncode == 2 and "unknown command 'thrice'" in unknown.stderr
 
 
+CONTINUED = """
+```{code-cell} ipython3
+:tags: [export]
+class Counter:
+    \"\"\"Counts.\"\"\"
+
+    def __init__(self) -> None:
+        self.n = 0
+```
+
+Prose between the two halves of the class.
+
+```{code-cell} ipython3
+:tags: [export]
+class Counter(Counter):  # continued
+    def add(self, k: int) -> int:
+        self.n += k
+        return self.n
+```
+
+```{code-cell} ipython3
+print(Counter().add(2))
+```
+"""
+
+
+def test_a_class_continued_in_a_later_cell_becomes_one_class(demo_tree: Path) -> None:
+    chapter = demo_tree / "book/01_demo.md"
+    chapter.write_text(chapter.read_text() + CONTINUED)
+    assert run_script(demo_tree, "export.py").returncode == 0
+    module = (demo_tree / "src/aiayn/demo.py").read_text()
+    assert "class Counter(Counter)" not in module and module.count("class Counter") == 1
+    assert "        self.n = 0\n\n    def add(self, k: int) -> int:\n" in module
+    code = "from aiayn.demo import Counter; c = Counter(); assert c.add(2) == 2 and Counter.__bases__ == (object,)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=demo_tree, env={"PYTHONPATH": str(demo_tree / "src")},
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert run_script(demo_tree, "export.py", "--check").returncode == 0
+
+
+def test_continuing_a_class_that_no_earlier_cell_defines_is_an_error(demo_tree: Path) -> None:
+    chapter = demo_tree / "book/01_demo.md"
+    chapter.write_text(chapter.read_text() + CONTINUED.replace("class Counter:", "class Tally:"))
+    result = run_script(demo_tree, "export.py")
+    assert result.returncode == 2 and "continues class Counter, which no earlier" in result.stderr
+
+
 def test_reexport_of_an_undefined_name_is_an_error(demo_tree: Path) -> None:
     chapter = demo_tree / "book/01_demo.md"
     chapter.write_text(chapter.read_text().replace("module: aiayn.demo\n", "module: aiayn.demo\nreexport: [triple]\n"))
