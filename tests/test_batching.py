@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import pickle
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from aiayn.batching import (
+    TOKENIZER_CLASSES,
     Batch,
     Collator,
     SymbolTokenizer,
@@ -18,7 +21,6 @@ from aiayn.batching import (
     example_size,
     make_batch,
     pad_sequences,
-    register_tokenizer,
     tokenizer_from_dict,
 )
 from aiayn.masks import padding_mask, target_mask
@@ -69,31 +71,46 @@ def test_symbol_tokenizer_dict_registry_and_checkpoint():
         assert other.encode("x2 y q") == tok.encode("x2 y q") == [5, 6, 3]
 
 
-def test_register_tokenizer():
-    class Chars:
-        kind = "chars-test"
+def test_the_tokenizer_table_names_every_kind_of_the_package():
+    assert TOKENIZER_CLASSES == {"symbols": "aiayn.batching:SymbolTokenizer",
+                                 "subword": "aiayn.data:SubwordTokenizer"}
+    from aiayn.data import SubwordTokenizer
 
-        def __init__(self, alphabet):
-            self.alphabet = alphabet
+    for kind, where in TOKENIZER_CLASSES.items():
+        module, name = where.split(":")
+        cls = getattr(__import__(module, fromlist=[name]), name)
+        assert cls.kind == kind and callable(cls.from_dict)
+    subword = SubwordTokenizer.train(["ein hund", "a dog", "zwei hunde", "two dogs"], vocab_size=40)
+    again = tokenizer_from_dict(subword.to_dict())
+    assert isinstance(again, SubwordTokenizer) and again.encode("a dog") == subword.encode("a dog")
 
-        def to_dict(self):
-            return {"kind": self.kind, "alphabet": self.alphabet}
 
-        @classmethod
-        def from_dict(cls, d):
-            return cls(d["alphabet"])
+def test_a_subword_tokenizer_rebuilds_in_a_process_that_imported_only_batching():
+    from aiayn.data import SubwordTokenizer
 
-    register_tokenizer("chars-test", Chars)
-    register_tokenizer("chars-test", Chars)  # registering the same class again is fine
-    assert tokenizer_from_dict(Chars("xyz").to_dict()).alphabet == "xyz"
-    with pytest.raises(ValueError, match="taken"):
-        register_tokenizer("symbols", Chars)
-    with pytest.raises(ValueError, match="from_dict"):
-        register_tokenizer("nothing", object)
-    with pytest.raises(ValueError, match="unknown tokenizer kind"):
-        tokenizer_from_dict({"kind": "never-registered"})
-    with pytest.raises(ValueError, match="'kind'"):
-        tokenizer_from_dict({"symbols": ["a"]})
+    subword = SubwordTokenizer.train(["ein hund", "a dog"], vocab_size=30)
+    code = (
+        "import sys\n"
+        "from aiayn.batching import tokenizer_from_dict\n"
+        "assert 'aiayn.data' not in sys.modules\n"
+        f"tok = tokenizer_from_dict({subword.to_dict()!r})\n"
+        "print(type(tok).__module__, type(tok).__name__,\n"
+        f"      tok.encode('a dog') == {subword.encode('a dog')})\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["aiayn.data", "SubwordTokenizer", "True"]
+
+
+def test_an_unknown_kind_names_the_known_ones():
+    with pytest.raises(ValueError) as info:
+        tokenizer_from_dict({"kind": "chars", "alphabet": "xyz"})
+    message = str(info.value)
+    assert "unknown tokenizer kind 'chars'" in message and "['subword', 'symbols']" in message
+    assert "its own from_dict" in message
+    for bad in ({"symbols": ["a"]}, ["kind"], {"kind": ["symbols"]}):
+        with pytest.raises(ValueError, match="'kind'|unknown tokenizer kind"):
+            tokenizer_from_dict(bad)
 
 
 @pytest.mark.parametrize("symbols, match", [

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 import math
+import random
+import re
 import warnings
+import zipfile
 
 import pytest
 import torch
@@ -13,7 +17,17 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from aiayn.decoder import DecoderCache
 from aiayn.masks import causal_mask, padding_mask
-from aiayn.model import Transformer, TransformerConfig, init_weights, load_state_dict_checked
+from aiayn.model import (
+    CHECKPOINT_FORMAT,
+    Transformer,
+    TransformerConfig,
+    checkpoint_dict,
+    content_hash,
+    init_weights,
+    load_state_dict_checked,
+    read_checkpoint,
+    write_checkpoint,
+)
 
 V = 20
 SRC = torch.tensor([[5, 6, 7, 8, 2, 0, 0], [9, 10, 11, 12, 13, 14, 2], [3, 4, 2, 0, 0, 0, 0]])  # [3, 7]
@@ -291,7 +305,7 @@ def test_save_load_round_trip(tmp_path):
     path = tmp_path / "model.pt"
     model.save(path)
     raw = torch.load(path, weights_only=True)
-    assert set(raw) == {"format", "config", "state_dict"}
+    assert set(raw) == {"format", "config", "state_dict", "tokenizer", "sha256"}
     restored = Transformer.load(path).eval()
     assert restored.config == model.config
     assert restored.src_embed.weight is restored.head.weight
@@ -350,6 +364,157 @@ def test_truncated_missing_and_foreign_files(tmp_path):
     torch.save(tiny().state_dict(), tmp_path / "bare.pt")
     with pytest.raises(ValueError, match="not written by Transformer.save"):
         Transformer.load(tmp_path / "bare.pt")
+
+
+def test_checkpoint_dict_stores_a_shared_matrix_once(tmp_path):
+    model = tiny()
+    checkpoint = checkpoint_dict(model, None, step=7)
+    state = checkpoint["state_dict"]
+    assert checkpoint["step"] == 7 and checkpoint["tokenizer"] is None
+    assert state["src_embed.weight"] is state["head.weight"] is state["tgt_embed.weight"]
+    assert all(not t.requires_grad and t.device.type == "cpu" for t in state.values())
+    path = write_checkpoint(checkpoint, tmp_path / "deep" / "folder" / "model.pt")
+    with zipfile.ZipFile(path) as archive:
+        arrays = [n for n in archive.namelist() if re.search(r"/data/\d+$", n)]
+    assert len(arrays) == len(state) - 2  # three names, one matrix
+    loaded = read_checkpoint(path)["state_dict"]
+    assert loaded["src_embed.weight"].data_ptr() == loaded["head.weight"].data_ptr()
+    with pytest.raises(ValueError, match="writes \\['config'\\] itself"):
+        checkpoint_dict(model, config=1)
+    with pytest.raises(ValueError, match="takes a Transformer"):
+        checkpoint_dict(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="checkpoint_dict"):
+        write_checkpoint({"state_dict": {}}, tmp_path / "x.pt")
+
+
+def test_single_byte_flips_raise_or_change_nothing(tmp_path):
+    model = tiny()
+    path = tmp_path / "model.pt"
+    model.save(path)
+    data = path.read_bytes()
+    original = content_hash(read_checkpoint(path))
+    with zipfile.ZipFile(path) as archive:  # the pickle and the zip records, where flips are rarer
+        first = min(archive.infolist(), key=lambda i: i.header_offset)
+        structure = list(range(first.header_offset + first.compress_size + 200)) + \
+            list(range(len(data) - 2000, len(data)))
+    rng = random.Random(0)
+    anywhere = [rng.randrange(len(data)) for _ in range(100)]
+    raised = []
+    for pos in anywhere + rng.sample(structure, 100):
+        damaged = bytearray(data)
+        damaged[pos] ^= rng.randrange(1, 256)
+        (tmp_path / "damaged.pt").write_bytes(damaged)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about some damaged pickles
+            try:
+                loaded = read_checkpoint(tmp_path / "damaged.pt")
+            except ValueError:
+                raised.append(pos)
+                continue
+        assert content_hash(loaded) == original, f"a flip at byte {pos} changed the content"
+    assert sum(pos in raised for pos in anywhere) >= 90  # most of the file is tensor bytes
+
+
+def test_a_flipped_tensor_byte_names_the_damage(tmp_path):
+    model = tiny()
+    path = tmp_path / "model.pt"
+    model.save(path)
+    data = bytearray(path.read_bytes())
+    matrix = model.head.weight.detach().numpy().tobytes()
+    data[data.find(matrix) + len(matrix) // 2 + 3] ^= 0x40
+    path.write_bytes(data)
+    assert not torch.equal(torch.load(path, weights_only=True)["state_dict"]["head.weight"],
+                           model.head.weight)  # torch.load alone does not notice
+    with pytest.raises(ValueError, match="damaged after it was written"):
+        Transformer.load(path)
+
+
+def test_files_without_a_hash_still_load(tmp_path):
+    model = tiny()
+    torch.save({"format": CHECKPOINT_FORMAT, "config": model.config.to_dict(),
+                "state_dict": model.state_dict()}, tmp_path / "old.pt")
+    with torch.no_grad():
+        assert torch.equal(Transformer.load(tmp_path / "old.pt").eval()(SRC, TGT), model(SRC, TGT))
+
+
+class Opaque:
+    """A class the safe loader does not know."""
+
+
+def test_python_objects_are_refused_by_name_not_called_corrupt(tmp_path):
+    when = datetime.datetime(2017, 6, 12)
+    cases = {"datetime.datetime": {"format": CHECKPOINT_FORMAT, "when": when},
+             f"{__name__}.Opaque": {"format": CHECKPOINT_FORMAT, "object": Opaque()}}
+    for i, (name, content) in enumerate(cases.items()):
+        torch.save(content, tmp_path / f"foreign{i}.pt")
+        with pytest.raises(ValueError) as info:
+            read_checkpoint(tmp_path / f"foreign{i}.pt")
+        message = str(info.value)
+        assert "safe loader" in message and name in message and "weights_only=False" in message
+        assert "truncated" not in message
+
+
+def test_a_shared_matrix_holding_nan_saves_and_loads(tmp_path):
+    model = tiny()
+    with torch.no_grad():
+        model.head.weight[3, 5] = float("nan")
+    model.save(tmp_path / "nan.pt")
+    restored = Transformer.load(tmp_path / "nan.pt")
+    assert restored.src_embed.weight is restored.head.weight
+    assert torch.isnan(restored.head.weight[3, 5]) and torch.isnan(restored.head.weight).sum() == 1
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    load_state_dict_checked(tiny(), state)  # NaN in all three names: one matrix
+    state["tgt_embed.weight"][0, 0] += 1.0  # genuinely different matrices are still refused
+    with pytest.raises(ValueError, match="one shared matrix here"):
+        load_state_dict_checked(tiny(), state)
+
+
+def test_a_failed_write_is_a_clear_oserror_and_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "model.pt"
+    tiny().save(path)
+    good = path.read_bytes()
+
+    def full_disk(obj, f, *args, **kwargs):
+        f.write(b"the first bytes of a checkpoint")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed "
+                           "writing file data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError) as info:
+        tiny(d_model=32).save(path)
+    message = str(info.value)
+    assert str(path) in message and "PytorchStreamWriter failed writing file data/0" in message
+    assert "enforce fail" not in message and "MiB are free" in message
+    assert "previous file there is untouched" in message
+    with pytest.raises(OSError, match="nothing was written there"):
+        tiny().save(tmp_path / "new.pt")
+    def interrupted(obj, f, *args, **kwargs):
+        f.write(b"the first bytes")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tiny().save(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == good
+    assert not (tmp_path / "new.pt").exists() and not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.parametrize("tensor", [
+    torch.randn(3, 2).half(), torch.randn(5).bfloat16(), torch.tensor([True, False, True]),
+    torch.tensor(3.5), torch.tensor(7), torch.arange(12).reshape(3, 4).t(), torch.zeros(0, 4),
+], ids=["float16", "bfloat16", "bool", "0-dim float", "0-dim int64", "transposed", "empty"])
+def test_content_hash_round_trips(tmp_path, tensor):
+    checkpoint = {"format": CHECKPOINT_FORMAT, "tensor": tensor, "plain": [1, 2.5, None, "x", True]}
+    write_checkpoint(checkpoint, tmp_path / "t.pt")
+    loaded = read_checkpoint(tmp_path / "t.pt")
+    assert content_hash(loaded) == content_hash(checkpoint)
+    assert loaded["tensor"].dtype == tensor.dtype and torch.equal(loaded["tensor"], tensor)
+    changed = {**checkpoint, "tensor": tensor.clone().reshape(-1).flip(0).reshape(tensor.shape)}
+    if tensor.numel() > 1 and not torch.equal(changed["tensor"], tensor):
+        assert content_hash(changed) != content_hash(checkpoint)
+    assert content_hash({"a": 1}) != content_hash({"a": True}) != content_hash({"a": "1"})
+    assert content_hash([1, [2]]) != content_hash([[1], 2])
 
 
 def test_top_level_import():

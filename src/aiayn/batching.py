@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import importlib
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,11 +20,11 @@ __all__ = [
     "Batch",
     "Collator",
     "SymbolTokenizer",
+    "TOKENIZER_CLASSES",
     "TokenBatchSampler",
     "example_size",
     "make_batch",
     "pad_sequences",
-    "register_tokenizer",
     "tokenizer_from_dict",
 ]
 
@@ -114,53 +115,26 @@ class SymbolTokenizer:
         return cls(d["symbols"], **{k: d[k] for k in ("pad", "bos", "eos", "unk") if k in d})
 
 
-_TOKENIZERS: dict[str, type] = {}
-
-
-def register_tokenizer(kind: str, cls: type) -> None:
-    """Let tokenizer_from_dict build cls from a dict whose "kind" is kind (chapter 11)."""
-    if not isinstance(kind, str) or not kind:
-        raise ValueError(f"kind must be a non-empty string, got {kind!r}.")
-    if not callable(getattr(cls, "from_dict", None)):
-        raise ValueError(f"{cls!r} has no from_dict(d) classmethod, so it cannot be rebuilt from a dict.")
-    known = _TOKENIZERS.get(kind)
-    if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"the tokenizer kind {kind!r} is taken by {known.__qualname__}; pick another name.")
-    _TOKENIZERS[kind] = cls  # the same class defined again (a re-run cell) replaces itself
+TOKENIZER_CLASSES: dict[str, str] = {
+    "symbols": "aiayn.batching:SymbolTokenizer",  # this chapter
+    "subword": "aiayn.data:SubwordTokenizer",  # chapter 16
+}
 
 
 def tokenizer_from_dict(d: Mapping[str, Any]) -> Any:
-    """The tokenizer that d, from some tokenizer's to_dict(), describes (chapter 11)."""
+    """The tokenizer that d, a to_dict() of a class in TOKENIZER_CLASSES, describes (chapter 11)."""
     if not isinstance(d, Mapping) or "kind" not in d:
         raise ValueError(f"a tokenizer dict needs a 'kind' key, as to_dict() writes it; got {d!r}.")
-    cls = _TOKENIZERS.get(d["kind"])
-    if cls is None:  # a later chapter's tokenizer, registered when its module is imported
-        _import_package_modules()
-        cls = _TOKENIZERS.get(d["kind"])
-    if cls is None:
+    kind = d["kind"]
+    if not isinstance(kind, str) or kind not in TOKENIZER_CLASSES:
         raise ValueError(
-            f"unknown tokenizer kind {d['kind']!r}; known: {sorted(_TOKENIZERS)}. Import the module "
-            f"that defines it, or register_tokenizer(kind, cls)."
+            f"unknown tokenizer kind {kind!r}; this package knows {sorted(TOKENIZER_CLASSES)}. "
+            f"A tokenizer class of your own rebuilds its dict with its own from_dict: "
+            f"MyTokenizer.from_dict(d)."
         )
+    module, name = TOKENIZER_CLASSES[kind].split(":")
+    cls = getattr(importlib.import_module(module), name)  # imported now, and only this module
     return cls.from_dict(d)
-
-
-def _import_package_modules() -> None:
-    """Import every module of the aiayn package, so that each registers its tokenizers."""
-    import importlib
-    import pkgutil
-
-    import aiayn
-
-    for info in pkgutil.iter_modules(aiayn.__path__):
-        if info.name != "__main__":
-            try:
-                importlib.import_module(f"aiayn.{info.name}")
-            except ImportError:  # a missing optional dependency: that module's tokenizers are not offered
-                pass
-
-
-register_tokenizer(SymbolTokenizer.kind, SymbolTokenizer)
 
 
 def _ids(seq: Sequence[int] | Tensor, what: str) -> Tensor:

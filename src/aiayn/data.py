@@ -26,9 +26,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from torch import Tensor
 
-from aiayn.batching import register_tokenizer
 from aiayn.decoding import translate
-from aiayn.model import CHECKPOINT_FORMAT, Transformer, TransformerConfig
+from aiayn.model import Transformer, TransformerConfig, checkpoint_dict, write_checkpoint
 from aiayn.train import (Experiment, TrainConfig, Trainer, load_checkpoint_model, make_loader, pick_device,
                          register_preset)
 
@@ -354,9 +353,6 @@ class SubwordTokenizer:
         return cls(path.read_text(encoding="utf-8"))
 
 
-register_tokenizer(SubwordTokenizer.kind, SubwordTokenizer)
-
-
 MAX_LEN = 256  # positions of the sinusoidal table: the longest sentence, 61 pieces, plus 50, fits
 
 
@@ -481,14 +477,7 @@ def train_multi30k(
 
 def save_translation_model(model: Transformer, tokenizer: SubwordTokenizer, path: str | os.PathLike) -> Path:
     """Save model, config and tokenizer in one checkpoint, atomically, and tokenizer.json beside it (chapter 16)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint = {"format": CHECKPOINT_FORMAT, "config": model.config.to_dict(),
-                  "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                  "tokenizer": tokenizer.to_dict()}
-    partial = path.with_name(path.name + ".partial")
-    torch.save(checkpoint, partial)
-    os.replace(partial, path)
+    path = write_checkpoint(checkpoint_dict(model, tokenizer), path)  # chapter 9's one writer
     tokenizer.save(path.with_name("tokenizer.json"))
     return path
 

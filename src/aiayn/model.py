@@ -5,10 +5,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import os
 import pickle
-import zipfile
+import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +28,17 @@ from aiayn.multi_head import MultiHeadAttention
 from aiayn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from aiayn.sublayers import ACTIVATIONS, PositionwiseFeedForward
 
-__all__ = ["Transformer", "TransformerConfig", "init_weights", "load_state_dict_checked"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "Transformer",
+    "TransformerConfig",
+    "checkpoint_dict",
+    "content_hash",
+    "init_weights",
+    "load_state_dict_checked",
+    "read_checkpoint",
+    "write_checkpoint",
+]
 
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
@@ -342,18 +355,13 @@ class Transformer(nn.Module):
         return padding_mask(src, self.config.pad_id)  # [batch, 1, 1, src_len]
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write {"format", "config", "state_dict"} to path; torch.load(weights_only=True) reads it (chapter 9)."""
-        path = Path(path)
-        checkpoint = {"format": CHECKPOINT_FORMAT, "config": self.config.to_dict(),
-                      "state_dict": self.state_dict()}
-        partial = path.with_name(path.name + ".partial")
-        torch.save(checkpoint, partial)
-        os.replace(partial, path)  # an interrupted save leaves the old file, never half a new one
+        """Write checkpoint_dict(self) to path with write_checkpoint (chapter 9)."""
+        write_checkpoint(checkpoint_dict(self), path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, map_location: str | torch.device | None = None) -> Transformer:
         """Rebuild a model written by save(): its config, then its weights, moved to map_location (chapter 9)."""
-        checkpoint = _read_checkpoint(path)
+        checkpoint = read_checkpoint(path)
         model = cls(TransformerConfig.from_dict(checkpoint["config"]))
         load_state_dict_checked(model, checkpoint["state_dict"])
         return model if map_location is None else model.to(map_location)
@@ -364,7 +372,7 @@ class Transformer(nn.Module):
         Dropout may differ, and so may max_len when both use the sinusoidal table
         (it holds no weights); every other field of the configurations must agree.
         """
-        checkpoint = _read_checkpoint(path)
+        checkpoint = read_checkpoint(path)
         saved = TransformerConfig.from_dict(checkpoint["config"])
         free = {"dropout"} | ({"max_len"} if saved.positional == self.config.positional == "sinusoidal" else set())
         differ = [f"{f.name}={getattr(saved, f.name)!r} there, {getattr(self.config, f.name)!r} here"
@@ -401,24 +409,145 @@ def init_weights(model: Transformer) -> None:
 CHECKPOINT_FORMAT = "aiayn.Transformer"
 
 
-def _read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a file written by Transformer.save, with weights_only=True, or say what is wrong (chapter 9)."""
+def checkpoint_dict(model: Transformer, tokenizer: Any = None, **extra: Any) -> dict[str, Any]:
+    """The checkpoint of model: format, config, CPU state_dict, tokenizer, extra (chapter 9)."""
+    if not isinstance(model, Transformer):
+        raise ValueError(
+            f"checkpoint_dict takes a Transformer, got {type(model).__name__}; for a model wrapped "
+            f"by DDP or torch.compile, pass model.module or model._orig_mod."
+        )
+    taken = sorted({"format", "config", "state_dict", "tokenizer", "sha256"} & set(extra))
+    if taken:
+        raise ValueError(f"checkpoint_dict writes {taken} itself; give extra entries other names.")
+    if tokenizer is not None and not callable(getattr(tokenizer, "to_dict", None)):
+        raise ValueError(f"a tokenizer needs a to_dict() method (chapter 11), got {tokenizer!r}.")
+    copies: dict[tuple, Tensor] = {}  # one CPU copy per matrix, however many names share it
+    state = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if key not in copies:
+            copies[key] = tensor.detach().cpu()
+        state[name] = copies[key]
+    return {"format": CHECKPOINT_FORMAT, "config": model.config.to_dict(), "state_dict": state,
+            "tokenizer": tokenizer.to_dict() if tokenizer is not None else None, **extra}
+
+
+def content_hash(obj: Any) -> str:
+    """SHA-256 hex digest of a checkpoint's keys, plain values and tensor bytes (chapter 9)."""
+    digest = hashlib.sha256()
+    _hash_into(digest, obj)
+    return digest.hexdigest()
+
+
+def _hash_into(digest: Any, obj: Any) -> None:
+    """Feed obj to digest; every part is tagged and length-prefixed, so no two contents mix up."""
+    def part(tag: bytes, data: Any) -> None:
+        digest.update(tag + len(data).to_bytes(8, "little"))
+        digest.update(data)
+
+    if isinstance(obj, Tensor):
+        part(b"T", f"{obj.dtype} {tuple(obj.shape)}".encode())
+        data = obj.detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # [nbytes]
+        part(b"B", data.numpy())
+    elif isinstance(obj, Mapping):
+        part(b"D", str(len(obj)).encode())
+        for key, value in obj.items():  # in order: the order is kept by torch.save and torch.load
+            _hash_into(digest, key)
+            _hash_into(digest, value)
+    elif isinstance(obj, (list, tuple)):
+        part(b"L", str(len(obj)).encode())
+        for item in obj:
+            _hash_into(digest, item)
+    else:
+        part(b"V", f"{type(obj).__name__} {obj!r}".encode())
+
+
+def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Save checkpoint and its content_hash: path.partial, fsync, rename onto path (chapter 9)."""
+    if not isinstance(checkpoint, Mapping) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError("write_checkpoint takes a dict of checkpoint_dict(model, tokenizer, ...).")
+    path = Path(path)
+    body = {k: v for k, v in checkpoint.items() if k != "sha256"}
+    content = {**body, "sha256": content_hash(body)}
+    partial = path.with_name(path.name + ".partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(partial, "wb") as f:
+            torch.save(content, f)
+            f.flush()
+            os.fsync(f.fileno())  # on the disk before the rename, not only in a cache
+        os.replace(partial, path)  # atomic: the old file or the new one, never half of one
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        zip_writer = isinstance(err, RuntimeError) and "PytorchStreamWriter" in str(err)
+        if isinstance(err, OSError) or zip_writer:  # a full disk, a missing permission
+            raise OSError(_write_failure(path, err)) from err
+        raise
+    with contextlib.suppress(OSError):  # the rename durable too, where a folder can be opened
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    return path
+
+
+def _reason(err: BaseException) -> str:
+    """The first sentence of an error's message, without torch's '[enforce fail at ...]' prefix."""
+    text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    text = re.sub(r"\[enforce fail at [^\]]*\][\s.]*", "", text).strip()
+    text = text.splitlines()[0].split(". ")[0] if text else ""
+    return text[:120] or type(err).__name__
+
+
+def _write_failure(path: Path, err: BaseException) -> str:
+    """What write_checkpoint could not write, why, the free space, and what is left of the file."""
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB are free on that disk"
+    except OSError:
+        free = "the free space on that disk is unknown"
+    kept = "the previous file there is untouched" if path.exists() else "nothing was written there"
+    return (f"could not write the checkpoint {path} ({_reason(err)}); {free}, and {kept}. "
+            f"Make room or choose another path, then save again.")
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a checkpoint with weights_only=True, check its format, verify its sha256 (chapter 9)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}; write one with model.save(path).")
+        raise FileNotFoundError(
+            f"no checkpoint at {path}; write one with model.save(path), or "
+            f"write_checkpoint(checkpoint_dict(model, tokenizer), path)."
+        )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
-        reason = str(err).strip().split(". ")[0] or type(err).__name__
+    except Exception as err:  # a zip, pickle or storage error: these bytes are no whole checkpoint
+        refused = re.search(r"GLOBAL (\S+) was not an allowed global", str(err))
+        if isinstance(err, pickle.UnpicklingError) and refused:
+            raise ValueError(
+                f"{path} holds Python objects beyond tensors and plain values ({refused[1]}), "
+                f"which the safe loader torch.load(path, weights_only=True) refuses to run: "
+                f"this package did not write it, or a damaged byte changed a name in it. If you "
+                f"trust its source, read it with weights_only=False and save it again with "
+                f"write_checkpoint."
+            ) from err
         raise ValueError(
-            f"cannot read a checkpoint from {path} ({reason}); the file is truncated or corrupt, "
-            f"e.g. by an interrupted copy. Save it again or restore a complete copy."
+            f"cannot read a checkpoint from {path} ({_reason(err)}); the file is truncated or "
+            f"corrupt, e.g. by an interrupted copy. Save it again or restore a complete copy."
         ) from err
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(
             f"{path} was not written by Transformer.save (a dict with 'format', 'config' and "
             f"'state_dict'); a bare state_dict loads with "
             f"load_state_dict_checked(model, torch.load(path, weights_only=True))."
+        )
+    recorded = checkpoint.pop("sha256", None)  # files older than the hash have none
+    if recorded is not None and recorded != content_hash(checkpoint):
+        raise ValueError(
+            f"{path} was damaged after it was written: its content no longer matches the "
+            f"sha256 recorded when it was saved (a byte changed on the disk or in a copy). "
+            f"Restore a good copy of the file, or use an earlier checkpoint."
         )
     return checkpoint
 
@@ -442,10 +571,18 @@ def load_state_dict_checked(module: nn.Module, state_dict: Mapping[str, Tensor])
         for name, tensor in expected.items():
             shared.setdefault(id(tensor), []).append(name)
         for names in shared.values():
-            if any(not torch.equal(state_dict[n], state_dict[names[0]]) for n in names[1:]):
+            if any(not _same_bits(state_dict[n], state_dict[names[0]]) for n in names[1:]):
                 problems.append(f"{', '.join(names)} are one shared matrix here but differ in the "
                                 f"state_dict, which comes from a model without that sharing")
     if problems:
         raise ValueError("the state_dict does not fit this model: " + " | ".join(problems)
                          + ". Build the model with the configuration it was saved from.")
     module.load_state_dict(state_dict)
+
+
+def _same_bits(a: Tensor, b: Tensor) -> bool:
+    """Whether a and b hold the same values bit for bit; unlike torch.equal, NaN equals itself."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    as_bytes = [t.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for t in (a, b)]
+    return torch.equal(*as_bytes)

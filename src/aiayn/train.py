@@ -29,7 +29,8 @@ from torch.utils.data import DataLoader
 from aiayn.batching import Batch, Collator, SymbolTokenizer, TokenBatchSampler, make_batch, tokenizer_from_dict
 from aiayn.decoder import DecoderLayer
 from aiayn.encoder import EncoderLayer
-from aiayn.model import CHECKPOINT_FORMAT, Transformer, TransformerConfig, _read_checkpoint, load_state_dict_checked
+from aiayn.model import (CHECKPOINT_FORMAT, Transformer, TransformerConfig, load_state_dict_checked,
+                         read_checkpoint, write_checkpoint)
 from aiayn.optim import LabelSmoothingLoss, make_optimizer, make_scheduler
 
 from tqdm import tqdm
@@ -295,24 +296,15 @@ TRAINING_VERSION = 1
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to path.partial, flushed to the disk, then renamed over path (chapter 13)."""
-    partial = path.with_name(path.name + ".partial")
-    try:
-        with open(partial, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())  # on the disk before the rename, not only in a cache
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, path)  # atomic: the old file or the new one, never half of one
+    """Write obj to path with chapter 9's write_checkpoint: atomic, fsynced, hashed (chapter 13)."""
+    write_checkpoint(obj, path)
 
 
 def load_checkpoint_model(
     path: str | os.PathLike, map_location: str | torch.device | None = None
 ) -> tuple[Transformer, Any]:
     """The model, in eval mode, and the tokenizer (None if the file has none) of a checkpoint (chapter 13)."""
-    saved = _read_checkpoint(path)
+    saved = read_checkpoint(path)
     model = Transformer(TransformerConfig.from_dict(saved["config"]))
     load_state_dict_checked(model, saved["state_dict"])
     tokenizer = saved.get("tokenizer")
@@ -331,10 +323,10 @@ def average_checkpoints(
     """
     if len(paths) == 0:
         raise ValueError("average_checkpoints needs at least one checkpoint.")
-    first = _read_checkpoint(paths[0])
+    first = read_checkpoint(paths[0])
     total = {k: v.double() if v.is_floating_point() else v for k, v in first["state_dict"].items()}
     for path in paths[1:]:
-        other = _read_checkpoint(path)
+        other = read_checkpoint(path)
         differ = _differences(first["config"], other["config"], first["config"])
         if differ:
             raise ValueError(f"{path} holds another model than {paths[0]}: {'; '.join(differ)}.")
@@ -710,7 +702,7 @@ class Trainer:
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """Continue from a checkpoint of save_checkpoint: weights, optimizer, schedule, scaler, data position, random numbers, history (chapter 13)."""
-        self._restore(_read_checkpoint(path), path)
+        self._restore(read_checkpoint(path), path)
 
     def _restore(self, saved: dict[str, Any], path: str | os.PathLike) -> None:
         training = saved.get("training")
@@ -753,7 +745,7 @@ class Trainer:
         metric_name: str = "metric",
     ) -> Trainer:
         """A Trainer rebuilt from a checkpoint: its model, tokenizer, TrainConfig (unless config is given) and state (chapter 13)."""
-        saved = _read_checkpoint(path)
+        saved = read_checkpoint(path)
         training = saved.get("training")
         if config is None and isinstance(training, dict) and "train_config" in training:
             config = TrainConfig.from_dict(training["train_config"])
