@@ -224,12 +224,14 @@ def make_optimizer(
     betas: tuple[float, float] = (0.9, 0.98),
     eps: float = 1e-9,
     weight_decay: float = 0.0,
+    fused: bool | None = None,
 ) -> torch.optim.Adam:
     """Adam with the paper's beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (chapter 12; paper, section 5.3).
 
     lr=1.0 lets make_scheduler set the learning rate. A module contributes the
     parameters that require gradients (shared ones once); an iterable of tensors
-    or of param-group dicts is passed on as it is. fused/foreach: PyTorch's defaults.
+    or of param-group dicts is passed on as it is. fused=True asks for PyTorch's
+    one-kernel Adam (chapter 13 uses it on GPUs); None keeps PyTorch's default.
     """
     if lr <= 0.0:
         raise ValueError(f"lr must be positive, got {lr}; with make_scheduler use lr=1.0.")
@@ -249,4 +251,5 @@ def make_optimizer(
         raise ValueError(
             "make_optimizer got no parameters to optimize (do any of them require gradients?)."
         )
-    return torch.optim.Adam(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    return torch.optim.Adam(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                            fused=fused)
