@@ -120,3 +120,53 @@ def test_additive_attention_shapes_mask_and_sizes() -> None:
         )
     torch.testing.assert_close(w[0, 1, 3], weights[2])
     assert sum(p.numel() for p in attention.parameters()) == 10 * 8 + 6 * 8 + 8
+
+
+# --- a 2-D mask when batch = q_len: [q_len, k_len], or PyTorch's key padding mask? ---------------
+
+def test_a_2d_mask_is_refused_when_batch_equals_q_len() -> None:
+    from aiayn.attention import check_attention_inputs
+    from aiayn.masks import causal_mask
+    from aiayn.multi_head import MultiHeadAttention
+
+    q, k, v = random_qkv(3, 2, q_len=3, k_len=3)  # [batch 3, heads 2, q_len 3, d]
+    key_padding = torch.tensor([[False, False, True]] * 3)  # PyTorch's [batch, k_len]: True = pad
+    with pytest.raises(ValueError, match="ambiguous") as refused:
+        scaled_dot_product_attention(q, k, v, mask=key_padding)
+    message = str(refused.value)
+    assert "causal_mask(n)[None, None]" in message and "[1, 1, q_len, k_len]" in message
+    assert "~key_padding_mask[:, None, None, :]" in message
+    with pytest.raises(ValueError, match="ambiguous"):
+        check_attention_inputs(q, k, v, causal_mask(3))
+    layer = MultiHeadAttention(16, 4).eval()
+    with pytest.raises(ValueError, match="ambiguous"):
+        layer(torch.randn(3, 3, 16), mask=causal_mask(3))
+    # Each reading, written with explicit axes, is accepted and means what it says.
+    out, w = scaled_dot_product_attention(q, k, v, mask=~key_padding[:, None, None, :])
+    assert (w[..., 2] == 0).all()
+    _, w = scaled_dot_product_attention(q, k, v, mask=causal_mask(3)[None, None])
+    assert torch.equal(w != 0, causal_mask(3).expand_as(w))
+    # 3-D scores: the hints have one singleton axis fewer.
+    with pytest.raises(ValueError, match=r"~key_padding_mask\[:, None, :\]"):
+        scaled_dot_product_attention(q[:, 0], k[:, 0], v[:, 0], mask=key_padding)
+
+
+def test_2d_masks_stay_accepted_where_they_are_unambiguous() -> None:
+    from aiayn.attention import check_attention_inputs
+    from aiayn.masks import causal_mask
+
+    q, k, v = random_qkv(2, q_len=3, k_len=3)  # batch 2 != q_len 3
+    assert check_attention_inputs(q, k, v, causal_mask(3)) == (2, 3, 3)
+    q, k, v = random_qkv(1, q_len=3, k_len=3)  # a batch of one
+    assert check_attention_inputs(q, k, v, causal_mask(3)) == (1, 3, 3)
+    q, k, v = random_qkv(3, q_len=1, k_len=4)  # one query: [1, k_len] reads the same either way
+    assert check_attention_inputs(q, k, v, torch.ones(1, 4, dtype=torch.bool)) == (3, 1, 4)
+    q, k, v = random_qkv(q_len=3, k_len=3)  # no batch dimension at all
+    assert check_attention_inputs(q, k, v, causal_mask(3)) == (3, 3)
+
+
+def test_the_broadcast_message_says_how_to_pass_a_pytorch_padding_mask() -> None:
+    q, k, v = random_qkv(2, 4)  # [batch 2, heads 4, q_len 5, d]
+    with pytest.raises(ValueError, match="does not broadcast") as refused:
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(2, 7, dtype=torch.bool))
+    assert "~key_padding_mask[:, None, None, :]" in str(refused.value)

@@ -203,8 +203,11 @@ def test_several_new_positions_with_a_mask() -> None:
     with torch.no_grad():
         full = dec(x, memory, self_mask=causal_mask(7), memory_mask=mask)
         cache = dec.new_cache()
-        a = dec(x[:, :3], memory, self_mask=causal_mask(3), memory_mask=mask, cache=cache)
-        b = dec(x[:, 3:6], memory, self_mask=causal_mask(6)[-3:], memory_mask=mask, cache=cache)
+        # batch = 3 new positions: the masks need their explicit [1, 1, ...] axes
+        a = dec(x[:, :3], memory, self_mask=causal_mask(3)[None, None], memory_mask=mask,
+                cache=cache)
+        b = dec(x[:, 3:6], memory, self_mask=causal_mask(6)[-3:][None, None], memory_mask=mask,
+                cache=cache)
         c = dec(x[:, 6:], memory, memory_mask=mask, cache=cache)
     torch.testing.assert_close(torch.cat([a, b, c], dim=1), full, atol=1e-5, rtol=1e-5)
 
@@ -432,3 +435,18 @@ def test_bad_reorder_index(index: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         cache.reorder(index)  # type: ignore[arg-type]
     assert cache.batch_size == 3
+
+
+def test_reorder_checks_cpu_indices_and_does_not_read_others() -> None:
+    """reorder reads the index on the CPU only: on a GPU the read would stall beam search."""
+    cache = DecoderCache(2)
+    for layer in cache.layers:  # a cache of 3 sequences on the meta device: shapes, no values
+        for kv in (layer.self_attn, layer.cross_attn):
+            kv.k = kv.v = torch.empty(3, N_HEADS, 4, D_MODEL // N_HEADS, device="meta")
+    with pytest.raises(ValueError, match="valid: 0 to 2"):
+        cache.reorder(torch.tensor([0, 3]))
+    index = torch.tensor([0, 2, 2, 1], device="meta")
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        int(index.max())  # reading the values of a meta tensor fails
+    cache.reorder(index)
+    assert cache.batch_size == 4 and cache.layers[1].cross_attn.v.shape[0] == 4

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from aiayn import Transformer, TransformerConfig
 from aiayn.decoding import (
@@ -351,3 +352,142 @@ def test_translate_cli_errors(checkpoint: Path, tmp_path: Path) -> None:
     assert helped.returncode == 0 and "--beam-size" in helped.stdout
     listed = run_aiayn("--help")
     assert "translate" in listed.stdout
+
+
+# --- temperature and alpha: finite, in a range -----------------------------------------------
+
+@pytest.mark.parametrize("temperature", [math.inf, 1e-300, 1e-5, 1e5, math.nan, -math.inf])
+def test_temperatures_out_of_range_are_refused_before_sampling(temperature: float) -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        sampling_probs(torch.zeros(2, V), temperature)
+    with pytest.raises(ValueError, match="temperature") as refused:
+        sample(tiny(0), SRC, temperature=temperature, max_len=4)
+    if temperature > 0 and not math.isnan(temperature):
+        assert "greedy_search" in str(refused.value)
+
+
+def test_temperatures_at_the_ends_of_the_range_sample() -> None:
+    from aiayn.decoding import MAX_TEMPERATURE, MIN_TEMPERATURE
+
+    for temperature in (MIN_TEMPERATURE, MAX_TEMPERATURE):
+        out = sample(tiny(0), SRC, temperature=temperature, max_len=4,
+                     generator=torch.Generator().manual_seed(0))
+        assert out.tokens.shape[0] == 3 and bool(torch.isfinite(out.log_probs).all())
+
+
+@pytest.mark.parametrize("alpha", [math.inf, math.nan, -0.1, 11.0, 1e4, True])
+def test_alpha_must_be_finite_and_in_range(alpha: float) -> None:
+    with pytest.raises(ValueError, match="alpha must be a finite number"):
+        beam_search(tiny(0), SRC, alpha=alpha, max_len=4)
+    with pytest.raises(ValueError, match="alpha"):
+        length_penalty(3, alpha)
+
+
+# --- the stop check: no read of the device at every step ------------------------------------
+
+class BoolReads(TorchDispatchMode):
+    """Counts the reads of a boolean scalar from a tensor, as bool(t.all()) or bool(t.any()) do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].dtype == torch.bool:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_decoding_loops_read_their_stop_flags_every_8_steps_off_the_cpu(monkeypatch) -> None:
+    """With the accelerator's interval, far fewer reads and exactly the per-step results."""
+    import aiayn.decoding as decoding
+
+    model = ForcedEnd(tiny(0), torch.tensor([5, 41, 23]))  # sentence 1 ends at step 41
+    runs = {
+        "greedy": lambda: greedy_search(model, SRC, max_len=48),
+        "sample": lambda: sample(model, SRC, max_len=48,
+                                 generator=torch.Generator().manual_seed(0)),
+        "beam": lambda: beam_search(model, SRC, beam_size=3, max_len=48, n_best=2),
+    }
+    per_step, reads = {}, {}
+    for name, run in runs.items():
+        with BoolReads() as counter:
+            per_step[name] = run()  # the CPU's way: a read at every step
+        reads[name] = counter.count
+    assert min(reads.values()) >= 41  # the loops ran 41 steps, each with a read
+    # Pretend to be on an accelerator (the interval the loops use off the CPU).
+    monkeypatch.setattr(decoding, "_stop_check_every", lambda device: 8, raising=False)
+    for name, run in runs.items():
+        with BoolReads() as counter:
+            result = run()
+        assert counter.count <= 41 // 8 + 3, (name, counter.count)
+        for field in ("tokens", "lengths", "log_probs", "scores", "finished"):
+            same = torch.equal(getattr(result, field), getattr(per_step[name], field))
+            assert same, (name, field)
+    assert per_step["greedy"].tokens.shape == (3, 41)  # trimmed to the longest sentence
+
+
+def test_allowed_copies_nothing_to_the_device(monkeypatch) -> None:
+    """The banned tokens are filled column by column: no index tensor is made at each step."""
+    from aiayn.decoding import _allowed
+
+    model, logits, made = tiny(0), torch.zeros(2, V), []
+    real_tensor = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or real_tensor(*a, **k))
+    out = _allowed(logits, model, 0, 2)
+    assert made == [] and bool(torch.isinf(out[:, [PAD, BOS, EOS]]).all()) and (logits == 0).all()
+
+
+# --- translate and the command line: over-long inputs, lines of stdin, bad options ----------
+
+class Characters:
+    """One id per character ('a' is 3, 'b' is 4, ...): enough of chapter 11's protocol."""
+
+    def encode(self, text: str) -> list[int]:
+        return [3 + (ord(ch) - ord("a")) % (V - 3) for ch in text if ch != " "]
+
+    def decode(self, ids) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+def test_translate_refuses_over_long_texts_before_decoding(monkeypatch) -> None:
+    import aiayn.decoding as decoding
+
+    model = tiny(0, max_len=12)
+    monkeypatch.setattr(decoding, "beam_search", lambda *a, **k: pytest.fail("decoded"))
+    texts = ["abc", "a" * 13, "", "b" * 20]
+    listed = r"2 input\(s\).*texts\[1\] \(13 tokens\), texts\[3\] \(20 tokens\)"
+    with pytest.raises(ValueError, match=listed):
+        decoding.translate(model, Characters(), texts)
+    assert "max_len=12" in str(pytest.raises(ValueError, decoding.translate, model, Characters(),
+                                             texts).value)
+
+
+def test_translate_cli_lines_end_only_at_newlines(checkpoint: Path) -> None:
+    stdin = "1 2\x0c3\n4\x1c5\r\n6\u20287\n\n8 9"  # \f, \x1c and U+2028 inside lines
+    done = run_aiayn("translate", "--checkpoint", str(checkpoint), "--greedy", stdin=stdin)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split("\n")) == 5 + 1  # five input lines, five output lines
+    assert done.stdout.split("\n")[3] == ""  # the empty fourth line stays empty
+
+
+def test_translate_cli_names_over_long_lines_and_translates_nothing(checkpoint: Path) -> None:
+    from aiayn.train import load_checkpoint_model
+
+    limit = load_checkpoint_model(checkpoint)[0].config.max_len
+    long_line = " ".join(["3"] * (limit + 2))
+    stdin = "\n".join(["1 2", long_line, "4 5", long_line + " 6"]) + "\n"
+    done = run_aiayn("translate", "--checkpoint", str(checkpoint), stdin=stdin)
+    assert done.returncode == 2 and done.stdout == ""
+    error = done.stderr.strip()
+    assert error.startswith("error: ") and len(error.splitlines()) == 1
+    assert f"line 2 ({limit + 2} tokens), line 4 ({limit + 3} tokens)" in error
+    assert f"max_len={limit}" in error
+
+
+def test_translate_cli_refuses_non_finite_temperature_and_alpha(checkpoint: Path) -> None:
+    for options in (["--sample", "--temperature", "inf"], ["--sample", "--temperature", "1e-300"],
+                    ["--alpha", "inf"], ["--alpha", "nan"]):
+        done = run_aiayn("translate", "--checkpoint", str(checkpoint), *options, "1 2 3")
+        assert done.returncode == 2 and done.stdout == "", (options, done.stderr)
+        assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr, done.stderr

@@ -371,3 +371,35 @@ def test_shared_checkpoint_is_stored_once(tmp_path) -> None:
     matrix_bytes = 1000 * 64 * 4
     assert shared.stat().st_size < 1.1 * matrix_bytes
     assert separate.stat().st_size > 3 * matrix_bytes
+
+
+# --- check_token_ids: public, and no read of a device's values ------------------------------
+
+def test_check_token_ids_is_public_and_checks_ids_on_the_cpu() -> None:
+    import aiayn.embedding as embedding
+
+    assert "check_token_ids" in embedding.__all__
+    ids = torch.tensor([[1, 2, 3]], dtype=torch.int16)
+    assert embedding.check_token_ids(ids, 10).dtype == torch.int64
+    with pytest.raises(ValueError, match=r"\[0, vocab_size\) = \[0, 10\), got ids from 1 to 10"):
+        embedding.check_token_ids(torch.tensor([[1, 10]]), 10)
+    with pytest.raises(ValueError, match="ignore_index"):
+        embedding.check_token_ids(torch.tensor([[-100, 3]]), 10)
+    with pytest.raises(ValueError, match=r"prompt must hold integer token ids.*prompt\.long\(\)"):
+        embedding.check_token_ids(torch.ones(1, 2), 10, "prompt")
+    with pytest.raises(ValueError, match=r"prompt\.unsqueeze\(0\)"):
+        embedding.check_token_ids(torch.ones(3, dtype=torch.long), 10, "prompt")
+
+
+def test_ids_off_the_cpu_are_not_read() -> None:
+    """A meta tensor has no values: reading one raises, so the check must not try (as on a GPU)."""
+    from aiayn.embedding import check_token_ids
+
+    meta = torch.full((2, 3), 99, device="meta")  # out of range, were it read
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        meta.max().item()  # what a read of the values does on this device
+    assert check_token_ids(meta, vocab_size=10).shape == (2, 3)
+    with pytest.raises(ValueError, match="integer token ids"):  # no read needed: still checked
+        check_token_ids(meta.float(), vocab_size=10)
+    embed = TokenEmbedding(10, 4).to("meta")
+    assert embed(meta).shape == (2, 3, 4)

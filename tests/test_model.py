@@ -524,3 +524,16 @@ def test_top_level_import():
 
     assert TopTransformer is Transformer and TopConfig is TransformerConfig
     assert {"Transformer", "TransformerConfig"} <= set(aiayn.__all__)
+
+
+def test_cached_decode_of_as_many_new_positions_as_sentences() -> None:
+    """decode gives its masks explicit axes: batch = new positions = 3 is not ambiguous."""
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(20)).eval()
+    src = torch.tensor([[4, 9, 7, 3], [6, 8, 0, 0], [3, 3, 9, 0]])  # [3, 4]
+    tgt = torch.tensor([[1, 5, 3, 7, 9, 4], [1, 8, 6, 2, 5, 5], [1, 11, 9, 3, 3, 2]])  # [3, 6]
+    with torch.no_grad():
+        full = model(src, tgt)  # [3, 6, 20]
+        memory, cache = model.encode(src), model.new_cache()
+        chunks = [model.decode(tgt[:, a:b], memory, src, cache=cache) for a, b in ((0, 3), (3, 6))]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, atol=1e-5, rtol=1e-5)

@@ -167,12 +167,12 @@ def test_cache_with_several_new_positions_and_a_mask() -> None:
     torch.manual_seed(0)
     layer = MultiHeadAttention(D_MODEL, N_HEADS).eval()
     _, tgt = inputs()
-    causal = causal_mask(4)
+    causal = causal_mask(4)[None, None]  # [1, 1, 4, 4]: batch = q_len = 2 below
     with torch.no_grad():
         full, _ = layer(tgt, mask=causal)
         cache = KVCache()
-        first, _ = layer(tgt[:, :2], mask=causal[:2, :2], cache=cache)
-        rest, _ = layer(tgt[:, 2:], mask=causal[2:, :], cache=cache)  # [2 new queries, 4 keys]
+        first, _ = layer(tgt[:, :2], mask=causal[..., :2, :2], cache=cache)
+        rest, _ = layer(tgt[:, 2:], mask=causal[..., 2:, :], cache=cache)  # [2 new queries, 4 keys]
     torch.testing.assert_close(torch.cat([first, rest], dim=1), full, atol=1e-5, rtol=1e-5)
 
 

@@ -413,3 +413,15 @@ def test_eps_underflows_in_float16_but_not_in_float32_or_bfloat16() -> None:
     assert torch.tensor(1e-9, dtype=torch.float16).item() == 0.0
     assert torch.tensor(1e-9, dtype=torch.bfloat16).item() > 0.0
     assert torch.tensor(1e-9, dtype=torch.float32).item() > 0.0
+
+
+def test_target_ids_are_checked_on_the_cpu_and_not_read_elsewhere() -> None:
+    """The loss reads its target ids only on the CPU; a meta tensor's values cannot be read."""
+    loss = LabelSmoothingLoss(0.1, ignore_index=0)
+    with pytest.raises(ValueError, match="target ids must lie in"):
+        loss(torch.randn(2, 3, 8), torch.tensor([[1, 2, 8], [3, 0, 0]]))
+    logits = torch.empty(2, 3, 8, device="meta")
+    target = torch.full((2, 3), 99, device="meta")  # out of range, were it read
+    assert loss(logits, target).device.type == "meta"
+    with pytest.raises(ValueError, match="integer token ids"):
+        loss(logits, target.float())

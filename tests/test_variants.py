@@ -378,3 +378,11 @@ def test_encoder_only_mlm_training_smoke() -> None:
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.1 * losses[0] and losses[-1] < 0.2
+
+
+def test_variants_use_the_public_token_check() -> None:
+    import aiayn.variants as variants
+    from aiayn.embedding import check_token_ids
+
+    assert variants.check_token_ids is check_token_ids
+    assert not hasattr(variants, "_check_tokens")

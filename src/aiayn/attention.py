@@ -11,13 +11,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["AdditiveAttention", "masked_softmax", "scaled_dot_product_attention"]
+__all__ = [
+    "AdditiveAttention",
+    "check_attention_inputs",
+    "masked_softmax",
+    "scaled_dot_product_attention",
+]
 
 
-def _check_attention_inputs(
+def check_attention_inputs(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, same_d_k: bool = True
 ) -> torch.Size:
-    """Check the inputs of attention (chapter 1) and return the scores' shape."""
+    """Check the inputs of attention; return the scores' shape [..., q_len, k_len] (chapter 1)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() < 2:
             raise ValueError(
@@ -46,24 +51,47 @@ def _check_attention_inputs(
         ) from None
     scores_shape = batch + (q.size(-2), k.size(-2))
     if mask is not None:
-        if mask.dtype != torch.bool:
-            raise ValueError(
-                f"mask must be a torch.bool tensor, True where a query may attend, "
-                f"got {mask.dtype}; if it holds 1 = attend and 0 = blocked, pass "
-                f"mask.bool()."
-            )
-        try:
-            fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise ValueError(
-                f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
-                f"shape {tuple(scores_shape)} = [..., q_len, k_len]; give shared "
-                f"dimensions size 1, e.g. [batch, 1, 1, k_len] for padding or "
-                f"[q_len, k_len] for a causal mask."
-            )
+        _check_mask(mask, scores_shape)
     return scores_shape
+
+
+def _check_mask(mask: Tensor, scores_shape: torch.Size) -> None:
+    """A mask must be boolean, broadcast to the scores and be unambiguous (chapter 1)."""
+    if mask.dtype != torch.bool:
+        raise ValueError(
+            f"mask must be a torch.bool tensor, True where a query may attend, "
+            f"got {mask.dtype}; if it holds 1 = attend and 0 = blocked, pass "
+            f"mask.bool()."
+        )
+    lead, q_len = len(scores_shape) - 2, scores_shape[-2]  # lead: the batch dimensions
+    general = "[" + ", ".join(["1"] * lead + ["q_len", "k_len"]) + "]"  # [1, 1, q_len, k_len]
+    from_torch = "~key_padding_mask[:, " + "None, " * lead + ":]"  # True = padding: flip it
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        hint = f"{general} for a causal mask"
+        if lead > 0:
+            padding = "[" + ", ".join(["batch"] + ["1"] * lead + ["k_len"]) + "]"
+            hint = (f"{padding} for padding or {hint}; PyTorch's key_padding_mask "
+                    f"[batch, k_len] (True = padding) goes in as {from_torch}")
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
+            f"shape {tuple(scores_shape)} = [..., q_len, k_len]; give shared "
+            f"dimensions size 1, e.g. {hint}."
+        )
+    if mask.dim() == 2 and lead > 0 and scores_shape[0] == q_len > 1:
+        # [q_len, k_len], or PyTorch's [batch, k_len] with True = padding? Do not guess.
+        nones = ", ".join(["None"] * lead)
+        raise ValueError(
+            f"a 2-D mask of shape {tuple(mask.shape)} is ambiguous here: the scores "
+            f"{tuple(scores_shape)} have batch = q_len = {q_len}, so it could be a "
+            f"[q_len, k_len] mask (True = may attend) or PyTorch's key_padding_mask "
+            f"[batch, k_len] (True = padding), which means the opposite. Pass a causal or "
+            f"other [q_len, k_len] mask as {general}, e.g. causal_mask(n)[{nones}], and a "
+            f"key padding mask as {from_torch}."
+        )
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -109,7 +137,7 @@ def scaled_dot_product_attention(
         computed with (after dropout). A query that may attend to nothing gets zero
         weights and a zero output.
     """
-    _check_attention_inputs(q, k, v, mask)
+    check_attention_inputs(q, k, v, mask)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(
             f"dropout_p must be in [0, 1), got {dropout_p}; pass 0.0 at evaluation."
@@ -154,7 +182,7 @@ class AdditiveAttention(nn.Module):
         Returns:
             The output [..., q_len, d_v] and the weights [..., q_len, k_len].
         """
-        _check_attention_inputs(query, key, value, mask, same_d_k=False)
+        check_attention_inputs(query, key, value, mask, same_d_k=False)
         # Project before pairing: q_len + k_len products instead of q_len * k_len.
         q = self.w_q(query).unsqueeze(-2)  # [..., q_len, 1, d_attn]
         k = self.w_k(key).unsqueeze(-3)  # [..., 1, k_len, d_attn]

@@ -612,6 +612,16 @@ for _direction in DIRECTIONS:
 
 def _parser() -> argparse.ArgumentParser:
     """The options of `python -m aiayn bleu` (chapter 16)."""
+
+    def at_least_one(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be a number of sentences >= 1, got {text!r}")
+        return value
+
     p = argparse.ArgumentParser(prog="python -m aiayn bleu",
                                 description="Translate a Multi30k split with a checkpoint and print its sacreBLEU.")
     p.add_argument("--checkpoint", required=True, help="a checkpoint with its tokenizer, or a directory holding last.pt")
@@ -621,7 +631,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--greedy", action="store_true", help="greedy search instead of beam search")
     p.add_argument("--beam-size", type=int, default=4, help="default: 4")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default: 0.6)")
-    p.add_argument("--limit", type=int, help="only the first N sentences")
+    p.add_argument("--limit", type=at_least_one, help="only the first N sentences (N >= 1)")
     p.add_argument("--output", help="also write the translations to this file, one per line")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     return p
@@ -632,20 +642,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     path = Path(args.checkpoint)
     path = path / "last.pt" if path.is_dir() else path
+    output = Path(args.output) if args.output else None
+    if output is not None:  # an output that cannot be written fails now, not after the decoding
+        try:
+            existed = output.exists()
+            with open(output, "a", encoding="utf-8"):  # appends nothing, truncates nothing
+                pass
+            if not existed:
+                output.unlink()
+        except OSError as err:
+            print(f"error: cannot write the translations to {output} ({err.strerror or err}); "
+                  f"give --output a file in an existing, writable directory.", file=sys.stderr)
+            return 2
     try:
         device = pick_device(args.device)
         model, tokenizer = load_checkpoint_model(path, map_location=device)
         if tokenizer is None:
             raise ValueError(f"{path} holds no tokenizer; use a checkpoint written by `python -m aiayn train`.")
         pairs = load_multi30k(args.split, args.direction, args.data_dir)
-        pairs = pairs[: args.limit] if args.limit else pairs
+        pairs = pairs[: args.limit] if args.limit is not None else pairs
         result = evaluate_bleu(model, tokenizer, pairs, method="greedy" if args.greedy else "beam",
                                beam_size=args.beam_size, alpha=args.alpha)
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.output:
-        Path(args.output).write_text("".join(line + "\n" for line in result.hypotheses), encoding="utf-8")
+    if output is not None:
+        output.write_text("".join(line + "\n" for line in result.hypotheses), encoding="utf-8")
     how = "greedy" if args.greedy else f"beam {args.beam_size}, alpha {args.alpha}"
     print(f"{args.split}, {len(pairs)} sentences, {how}: BLEU {result.score:.2f} "
           f"(lowercased {result.lowercase_score:.2f})")

@@ -78,8 +78,9 @@ class DecoderLayer(nn.Module):
             memory: the encoder's output [batch, src_len, d_model].
             self_mask: boolean, True where a target position may attend to
                 another, e.g. aiayn.masks.target_mask(tgt, pad_id)
-                [batch, 1, tgt_len, tgt_len] or causal_mask(tgt_len); with a
-                cache, its last axis counts the cached positions too. None
+                [batch, 1, tgt_len, tgt_len] or causal_mask(tgt_len)[None, None]
+                (a 2-D mask is refused when batch = tgt_len > 1, chapter 1); with
+                a cache, its last axis counts the cached positions too. None
                 attends everywhere, which is right only for a single new
                 position with a cache.
             memory_mask: boolean, True where a target position may attend to a
@@ -185,12 +186,13 @@ def _check_decoder_inputs(
             raise ValueError(
                 f"with a cache, x holds only the new positions, and {q_len} new positions need "
                 f"a causal mask among themselves: pass self_mask=causal_mask({cached + q_len})"
-                f"[-{q_len}:] (shape [q_len, cached + q_len]), or feed one position per call."
+                f"[-{q_len}:][None, None] (shape [1, 1, q_len, cached + q_len]), or feed one "
+                f"position per call."
             )
     _check_mask(
         "self_mask", self_mask, (batch, n_heads, q_len, cached + q_len),
-        "use causal_mask(tgt_len) or target_mask(tgt, pad_id) from aiayn.masks; with a "
-        "cache, k_len counts the cached positions too.",
+        "use causal_mask(tgt_len)[None, None] or target_mask(tgt, pad_id) from aiayn.masks; "
+        "with a cache, k_len counts the cached positions too.",
     )
     if memory_mask is not None and memory_mask.dim() == 2 and batch > 1 and \
             tuple(memory_mask.shape) == (batch, src_len):
@@ -263,7 +265,7 @@ class Decoder(nn.Module):
             x: embedded target positions [batch, tgt_len, d_model]; with a cache,
                 only the new positions (usually one).
             memory: the encoder's output [batch, src_len, d_model].
-            self_mask: boolean [batch, 1, tgt_len, tgt_len] or [tgt_len, tgt_len],
+            self_mask: boolean [batch, 1, tgt_len, tgt_len] or [1, 1, tgt_len, tgt_len],
                 True where a target position may attend to another (causal AND
                 padding); not needed for a single new position with a cache.
             memory_mask: boolean [batch, 1, 1, src_len], True at real source tokens.
@@ -362,11 +364,14 @@ class DecoderCache:
         batch = self.batch_size
         if batch is None:
             return  # nothing cached yet
-        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= batch):
-            raise ValueError(
-                f"index holds positions from {int(index.min())} to {int(index.max())}, but the "
-                f"cache holds {batch} sequences (valid: 0 to {batch - 1})."
-            )
+        # On the CPU only: reading an index on a GPU would stall every beam-search step.
+        if index.numel() and index.device.type == "cpu":
+            low, high = int(index.min()), int(index.max())
+            if low < 0 or high >= batch:
+                raise ValueError(
+                    f"index holds positions from {low} to {high}, but the cache holds {batch} "
+                    f"sequences (valid: 0 to {batch - 1})."
+                )
         first = self.layers[0]
         cached = first.self_attn.k if first.self_attn.k is not None else first.cross_attn.k
         index = index.to(cached.device)  # index_select needs the index where the cache is

@@ -23,7 +23,11 @@ from aiayn.train import load_checkpoint_model, pick_device
 
 __all__ = [
     "DECODING_METHODS",
+    "MAX_ALPHA",
     "MAX_LEN_MARGIN",
+    "MAX_TEMPERATURE",
+    "MIN_TEMPERATURE",
+    "STOP_CHECK_EVERY",
     "DecodeResult",
     "beam_search",
     "default_max_len",
@@ -123,7 +127,18 @@ def _allowed(logits: Tensor, model: Transformer, length: int, min_len: int) -> T
     """
     c = model.config
     banned = [c.pad_id, c.bos_id] + ([c.eos_id] if length < min_len else [])
-    return logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))  # [n, V]
+    logits = logits.clone()  # [n, V]
+    for token in banned:  # a fill per column: no index tensor to copy to the device every step
+        logits[..., token] = float("-inf")
+    return logits
+
+
+STOP_CHECK_EVERY = 8  # off the CPU, the loops look at their stop flags every 8 steps
+
+
+def _stop_check_every(device: torch.device) -> int:
+    """Steps between two reads of a decoding loop's stop flags on `device` (chapter 15)."""
+    return 1 if device.type == "cpu" else STOP_CHECK_EVERY
 
 
 def _generate(
@@ -149,6 +164,7 @@ def _generate(
             log_probs = torch.zeros(batch, device=src.device)  # [batch]
             finished = torch.zeros(batch, dtype=torch.bool, device=src.device)  # ended with eos
             done = finished.clone()  # ended, or reached its limit
+            every = _stop_check_every(src.device)
             for step in range(int(limits.max())):
                 # With a cache only the newest token goes in; without, the whole prefix.
                 inputs = tokens[:, -1:] if use_cache else tokens  # [batch, 1] or [batch, step + 1]
@@ -161,11 +177,13 @@ def _generate(
                 tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # [batch, step + 2]
                 finished |= ~done & (next_token == c.eos_id)
                 done |= finished | (lengths >= limits)
-                if bool(done.all()):
+                if (step + 1) % every == 0 and bool(done.all()):
                     break
     finally:
         model.train(was_training)
-    return DecodeResult(tokens[:, 1:], lengths, log_probs, log_probs.clone(), finished)
+    # Steps after the last sentence ended added only padding: drop those columns.
+    tokens = tokens[:, 1 : 1 + int(lengths.max())]  # without <s>: [batch, length]
+    return DecodeResult(tokens, lengths, log_probs, log_probs.clone(), finished)
 
 
 def greedy_search(
@@ -194,21 +212,40 @@ def greedy_search(
     return _generate(model, src, lambda logits: logits.argmax(dim=-1), max_len, min_len, use_cache)
 
 
+MAX_ALPHA = 10.0  # far beyond any useful penalty, and ((5 + |Y|) / 6) ** alpha stays finite
+
+
+def _check_alpha(alpha: float) -> None:
+    """A ValueError unless alpha is a finite number in [0, MAX_ALPHA] (chapter 15)."""
+    if (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+            or not 0 <= alpha <= MAX_ALPHA):
+        raise ValueError(
+            f"alpha must be a finite number from 0 to {MAX_ALPHA:g} (the paper: 0.6; 0: no "
+            f"penalty), got {alpha!r}."
+        )
+
+
 def length_penalty(length: int | float | Tensor, alpha: float = 0.6) -> float | Tensor:
     """The GNMT length penalty ((5 + length) / 6) ** alpha, by which beam search divides log P(Y | X) (chapter 15; Wu et al. 2016)."""
+    _check_alpha(alpha)
     return ((5 + length) / 6) ** alpha
 
 
-def _keep_best(kept: tuple[Tensor, ...], new: tuple[Tensor, ...], k: int) -> tuple[Tensor, ...]:
-    """The k best by score of two sets of hypotheses, best first (chapter 15).
+def _keep_best(
+    kept: tuple[Tensor, ...], new: tuple[Tensor, ...], k: int, where: Tensor
+) -> tuple[Tensor, ...]:
+    """The k best by score of two sets of hypotheses, in the sentences `where` (chapter 15).
 
     Each set is (tokens [B, n, T], log_probs [B, n], scores [B, n], lengths [B, n],
-    finished [B, n]); an empty place has score -inf.
+    finished [B, n]), best first; an empty place has score -inf. The sentences
+    where `where` (bool [B]) is False keep `kept` as it is.
     """
     merged = [torch.cat([a, b], dim=1) for a, b in zip(kept, new)]  # [B, n + n', ...]
     best = merged[2].topk(k, dim=1).indices  # [B, k]
     tokens = merged[0].gather(1, best[..., None].expand(-1, -1, merged[0].size(-1)))  # [B, k, T]
-    return (tokens, *(t.gather(1, best) for t in merged[1:]))
+    chosen = (tokens, *(t.gather(1, best) for t in merged[1:]))
+    return tuple(torch.where(where.view(-1, *[1] * (a.dim() - 1)), a, b)  # [B, k, ...]
+                 for a, b in zip(chosen, kept))
 
 
 def beam_search(
@@ -231,7 +268,8 @@ def beam_search(
     Args:
         model, src, max_len, min_len, use_cache: as for greedy_search.
         beam_size: the hypotheses kept per sentence (the paper: 4); 1 is greedy search.
-        alpha: the length penalty's exponent (the paper: 0.6); 0 ranks by log P.
+        alpha: the length penalty's exponent in [0, MAX_ALPHA] (the paper: 0.6); 0
+            ranks by log P.
         n_best: None returns the best hypothesis of each sentence; an int returns
             the n_best best, tokens [batch, n_best, length], best first.
 
@@ -245,8 +283,7 @@ def beam_search(
             f"beam_size={beam_size} is more than the {c.tgt_vocab_size - 2} tokens that can follow a "
             f"hypothesis (all but padding and the start token); use a smaller beam."
         )
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
-        raise ValueError(f"alpha must be a number >= 0 (the paper: 0.6; 0: no penalty), got {alpha!r}.")
+    _check_alpha(alpha)
     if n_best is not None:
         _check_int("n_best", n_best, 1, "or None for the best hypothesis only.")
         if n_best > beam_size:
@@ -274,6 +311,7 @@ def beam_search(
                 torch.zeros(B, k, dtype=torch.bool, device=device),  # ended with eos: [B, k]
             )
             done = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
+            every = _stop_check_every(device)
             for t in range(1, T + 1):  # t: the tokens of each hypothesis after this step
                 n_live = alive_log_probs.size(1)  # 1 at the first step, then k
                 inputs = alive[:, -1:] if use_cache else alive  # [B * n_live, 1 or t]
@@ -291,7 +329,7 @@ def beam_search(
                               value=c.pad_id)  # [B, n_cand, T]
                 new = (ended, top, (top / lp).masked_fill(~ends, no_score),
                        torch.full_like(token, t), torch.ones_like(ends))
-                finished = _keep_best(finished, new, k)
+                finished = _keep_best(finished, new, k, ~done)  # done sentences stay as they are
                 # 2. The k best extensions without the end token are the new beam.
                 goes_on = top.masked_fill(token == c.eos_id, no_score)  # [B, n_cand]
                 alive_log_probs, pick = goes_on.topk(k, dim=-1)  # [B, k]
@@ -304,18 +342,16 @@ def beam_search(
                     memory = memory.repeat_interleave(k, dim=0)  # [B * k, src_len, d_model]
                     src_mask = src_mask.repeat_interleave(k, dim=0)  # [B * k, 1, 1, src_len]
                 # 3. At its maximum length a sentence keeps its live hypotheses as they are.
-                at_limit = (limits == t) & ~done  # [B]
-                if bool(at_limit.any()):
-                    cut = F.pad(alive[:, 1:].view(B, k, t), (0, T - t), value=c.pad_id)  # [B, k, T]
-                    live = (cut, alive_log_probs,
-                            (alive_log_probs / lp).masked_fill(~at_limit[:, None], no_score),
-                            torch.full_like(token, t), torch.zeros_like(pick, dtype=torch.bool))
-                    finished = _keep_best(finished, live, k)
+                at_limit = (limits == t) & ~done  # [B]; merged where True, without reading it
+                cut = F.pad(alive[:, 1:].view(B, k, t), (0, T - t), value=c.pad_id)  # [B, k, T]
+                live = (cut, alive_log_probs, alive_log_probs / lp, torch.full_like(token, t),
+                        torch.zeros_like(pick, dtype=torch.bool))
+                finished = _keep_best(finished, live, k, at_limit)
                 # 4. Early stop: k finished hypotheses, and the best live one beats none of them now.
                 full = finished[2][:, -1] > no_score  # [B]
                 beaten = alive_log_probs[:, 0] / lp <= finished[2][:, -1]  # [B]
                 done |= at_limit | (full & beaten)
-                if bool(done.all()):
+                if t % every == 0 and bool(done.all()):
                     break
     finally:
         model.train(was_training)
@@ -325,22 +361,40 @@ def beam_search(
     return DecodeResult(tokens, lengths, log_probs, scores, ended)
 
 
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4  # the temperatures that sampling accepts
+
+
+def _check_temperature(temperature: float) -> None:
+    """A ValueError unless MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE (chapter 15)."""
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not temperature > 0):
+        raise ValueError(
+            f"temperature must be a number > 0, got {temperature!r}; for the limit T -> 0, which "
+            f"always takes the most probable token, use greedy_search."
+        )
+    if not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+        raise ValueError(
+            f"temperature must be a finite number from {MIN_TEMPERATURE:g} to "
+            f"{MAX_TEMPERATURE:g}, got {temperature!r}. Below that, softmax(z / T) puts all "
+            f"its mass on the most probable token, which is greedy search: use greedy_search. "
+            f"Above it, every allowed token is equally likely, and at T = inf the excluded "
+            f"tokens' -inf / T is NaN."
+        )
+
+
 def sampling_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None = None) -> Tensor:
     """softmax(z / T) over the top_k largest logits (all if None), zero elsewhere (chapter 15).
 
     Args:
         logits: [..., V].
-        temperature: T > 0; below 1 sharpens the distribution, above 1 flattens it.
+        temperature: T in [MIN_TEMPERATURE, MAX_TEMPERATURE] = [1e-4, 1e4]; below 1
+            it sharpens the distribution, above 1 it flattens it.
         top_k: keep only the k most probable tokens (ties with the k-th are kept).
 
     Returns:
         Probabilities [..., V], summing to one along the last axis.
     """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ValueError(
-            f"temperature must be a number > 0, got {temperature!r}; for the limit T -> 0, which "
-            f"always takes the most probable token, use greedy_search."
-        )
+    _check_temperature(temperature)
     z = logits.float() / temperature  # [..., V]
     if top_k is not None:
         _check_int("top_k", top_k, 1, "or None to keep every token.")
@@ -364,7 +418,7 @@ def sample(
 
     Args:
         model, src, max_len, min_len, use_cache: as for greedy_search.
-        temperature: T > 0 (see sampling_probs).
+        temperature: T in [1e-4, 1e4] (see sampling_probs).
         top_k: sample among the k most probable tokens; None: among all.
         generator: a torch.Generator on src's device, for reproducible samples.
 
@@ -416,6 +470,9 @@ def translate(
     device = next(model.parameters()).device
     outputs = [""] * len(texts)
     todo = [(i, tokenizer.encode(text)) for i, text in enumerate(texts) if text.strip()]
+    too_long = _too_long(model, todo)
+    if too_long:  # refused before any decoding, rather than failing in the middle
+        raise ValueError(_too_long_message(too_long, "texts[{}]", 0, model.config.max_len))
     for first in range(0, len(todo), batch_size):
         chunk = todo[first:first + batch_size]
         src = pad_sequences([ids for _, ids in chunk], model.config.pad_id).to(device)  # [b, src_len]
@@ -429,6 +486,32 @@ def translate(
         for (i, _), ids in zip(chunk, result.tokens.tolist()):
             outputs[i] = tokenizer.decode(ids)
     return outputs
+
+
+def _too_long(model: Transformer, encoded: list[tuple[int, list[int]]]) -> list[tuple[int, int]]:
+    """(index, length) of the encoded texts longer than the positional table (chapter 15)."""
+    return [(i, len(ids)) for i, ids in encoded if len(ids) > model.config.max_len]
+
+
+def _too_long_message(too_long: list[tuple[int, int]], name: str, first: int, limit: int) -> str:
+    """Which inputs exceed `limit` tokens, name.format(index + first) for each (chapter 15)."""
+    listed = ", ".join(f"{name.format(i + first)} ({n} tokens)" for i, n in too_long[:10])
+    more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
+    return (f"{len(too_long)} input(s) have more tokens than the model's positional table holds "
+            f"(max_len={limit}): {listed}{more}; shorten or split them. Nothing was translated.")
+
+
+def _split_lines(text: str) -> list[str]:
+    """The lines of text, split at newlines only, without one carriage return each (chapter 15).
+
+    Unlike str.splitlines, a form feed, a separator such as 0x1C or U+2028 inside a
+    line does not end it, so the output lines stay aligned with the input lines. A
+    final newline ends the last line; it does not start an empty one.
+    """
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # after the final newline, or an empty text
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -470,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not path.is_file():
         return fail(f"no checkpoint file at {path}; write one with `python -m aiayn train "
                     f"--checkpoint-dir DIR` (chapter 13) and pass DIR/last.pt, or DIR itself.")
-    texts = list(args.text) if args.text else sys.stdin.read().splitlines()
+    texts = list(args.text) if args.text else _split_lines(sys.stdin.read())
     if not any(text.strip() for text in texts):
         return fail("nothing to translate: give the texts as arguments, or as lines on standard input.")
     try:
@@ -484,6 +567,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if tokenizer is None:
         return fail(f"{path} holds no tokenizer, so its model cannot read text; use a checkpoint "
                     f"written by `python -m aiayn train`, which saves the tokenizer with the model.")
+    encoded = [(i, tokenizer.encode(text)) for i, text in enumerate(texts) if text.strip()]
+    too_long = _too_long(model, encoded)
+    if too_long:  # numbered from 1, as an editor numbers lines
+        name = "text {}" if args.text else "line {}"
+        return fail(_too_long_message(too_long, name, 1, model.config.max_len))
     method = "greedy" if args.greedy else "sample" if args.sample else "beam"
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.sample else None
     try:

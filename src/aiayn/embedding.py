@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PredictionHead", "TokenEmbedding", "tie_weights"]
+__all__ = ["PredictionHead", "TokenEmbedding", "check_token_ids", "tie_weights"]
 
 
 def _check_sizes(vocab_size: int, d_model: int) -> None:
@@ -23,24 +23,28 @@ def _check_sizes(vocab_size: int, d_model: int) -> None:
         )
 
 
-def _check_tokens(tokens: Tensor, vocab_size: int) -> Tensor:
+def check_token_ids(tokens: Tensor, vocab_size: int, name: str = "tokens") -> Tensor:
     """Check token ids [batch, seq] for a lookup; return them as int32 or int64 (chapter 5)."""
     if not isinstance(tokens, Tensor):
-        raise ValueError(f"tokens must be a tensor of token ids, got {type(tokens).__name__}.")
+        raise ValueError(f"{name} must be a tensor of token ids, got {type(tokens).__name__}.")
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise ValueError(
-            f"tokens must hold integer token ids, got dtype {tokens.dtype}; if they are ids "
-            f"stored in another dtype, convert them with tokens.long()."
+            f"{name} must hold integer token ids, got dtype {tokens.dtype}; if they are ids "
+            f"stored in another dtype, convert them with {name}.long()."
         )
     if tokens.dim() != 2:
         raise ValueError(
-            f"tokens must have shape [batch, seq], got shape {tuple(tokens.shape)}; "
-            f"for a single sequence use tokens.unsqueeze(0)."
+            f"{name} must have shape [batch, seq], got shape {tuple(tokens.shape)}; "
+            f"for a single sequence use {name}.unsqueeze(0)."
         )
     if tokens.dtype not in (torch.int32, torch.int64):
         tokens = tokens.long()  # the lookup takes int32 or int64 indices only
-    if tokens.numel() > 0 and not torch.compiler.is_compiling():
-        low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one read from the device
+    # The values are read on the CPU only, where reading them is free. On a GPU the read
+    # would make the CPU wait for the GPU at every step, so batches for a GPU are checked
+    # on the CPU, where they are made, before they are moved.
+    on_cpu = tokens.device.type == "cpu"
+    if on_cpu and tokens.numel() > 0 and not torch.compiler.is_compiling():
+        low, high = torch.stack(torch.aminmax(tokens)).tolist()
         if low < 0 or high >= vocab_size:
             hint = (
                 " A negative id is often a loss's ignore_index (such as -100) left in the "
@@ -90,7 +94,7 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Embed token ids [batch, seq] as E[tokens] * sqrt(d_model): [batch, seq, d_model]."""
-        tokens = _check_tokens(tokens, self.vocab_size)
+        tokens = check_token_ids(tokens, self.vocab_size)
         if tokens.device != self.weight.device:
             raise ValueError(
                 f"tokens are on {tokens.device} but the embedding is on {self.weight.device}; "

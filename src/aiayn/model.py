@@ -278,7 +278,8 @@ class Transformer(nn.Module):
         elif new == 1:
             self_mask = None  # the newest position may attend to every cached one
         else:
-            self_mask = causal_mask(offset + new, device=tgt.device)[-new:]  # [new, cached + new]
+            # The rows of the new positions, with explicit axes: [1, 1, new, cached + new]
+            self_mask = causal_mask(offset + new, device=tgt.device)[-new:][None, None]
         y = self.decoder(x, memory, self_mask=self_mask, memory_mask=memory_mask, cache=cache)
         return self.head(y)  # [batch, tgt_len, tgt_vocab_size]
 

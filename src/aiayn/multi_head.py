@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.attention import _check_attention_inputs, scaled_dot_product_attention
+from aiayn.attention import check_attention_inputs, scaled_dot_product_attention
 
 __all__ = ["KVCache", "MultiHeadAttention"]
 
@@ -128,8 +128,10 @@ class MultiHeadAttention(nn.Module):
                 (cross-attention, e.g. the encoder output); None attends over
                 `query` itself (self-attention).
             mask: boolean, True where a query may attend to a key, broadcastable
-                to [batch, n_heads, q_len, k_len]: e.g. [q_len, k_len] (causal),
-                [batch, 1, 1, k_len] (padding) or [batch, 1, q_len, k_len]. With
+                to [batch, n_heads, q_len, k_len]: e.g. [1, 1, q_len, k_len]
+                (causal), [batch, 1, 1, k_len] (padding) or [batch, 1, q_len,
+                k_len]. A 2-D [q_len, k_len] mask is refused when batch = q_len > 1,
+                where it could be PyTorch's key_padding_mask. With
                 a self-attention cache, k_len counts the cached positions too.
             need_weights: if True, attend with chapter 1's
                 scaled_dot_product_attention and return the weights; if False,
@@ -145,7 +147,7 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_inputs(query, key_value, mask, cache)
         q, k, v = self._project(query, key_value, cache)  # [batch, n_heads, q_len or k_len, d_k]
-        _check_attention_inputs(q, k, v, mask)  # the mask must broadcast to the scores
+        check_attention_inputs(q, k, v, mask)  # the mask must broadcast to the scores
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # [b, h, q_len, d_k]

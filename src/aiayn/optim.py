@@ -44,9 +44,12 @@ def _check_target(target: Tensor, vocab_size: int, ignore_index: int | None) -> 
         keep = torch.ones_like(target, dtype=torch.bool)  # [...]
     else:
         keep = target != ignore_index  # [...]
-    if target.numel() > 0 and not torch.compiler.is_compiling():
+    # Read on the CPU only, where it is free; on a GPU it would stall every training step,
+    # so batches for a GPU are checked on the CPU before they are moved (chapter 13).
+    on_cpu = target.device.type == "cpu"
+    if on_cpu and target.numel() > 0 and not torch.compiler.is_compiling():
         kept = torch.where(keep, target, 0)  # ignored positions may hold any id, e.g. -100
-        low, high = torch.stack(torch.aminmax(kept)).tolist()  # one read from the device
+        low, high = torch.stack(torch.aminmax(kept)).tolist()
         if low < 0 or high >= vocab_size:
             raise ValueError(
                 f"target ids must lie in [0, vocab_size) = [0, {vocab_size}) or equal "

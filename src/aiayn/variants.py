@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from aiayn.embedding import PredictionHead, TokenEmbedding, _check_tokens, tie_weights
+from aiayn.embedding import PredictionHead, TokenEmbedding, check_token_ids, tie_weights
 from aiayn.encoder import Encoder
 from aiayn.masks import causal_mask, padding_mask
 from aiayn.positional import LearnedPositionalEmbedding
@@ -88,7 +88,7 @@ class DecoderOnlyLM(nn.Module):
         """Next-token logits [batch, seq, vocab] for tokens [batch, seq]; position t sees tokens 0..t only."""
         _check_length(tokens, self.max_len)
         x = self.pos(self.embed(tokens))  # sqrt(d_model) E[x_t] + P_t: [batch, seq, d_model]
-        mask = causal_mask(tokens.size(1), device=tokens.device)  # [seq, seq]
+        mask = causal_mask(tokens.size(1), device=tokens.device)[None, None]  # [1, 1, seq, seq]
         return self.head(self.blocks(x, mask=mask))  # [batch, seq, vocab]
 
     @torch.no_grad()
@@ -116,7 +116,7 @@ class DecoderOnlyLM(nn.Module):
                 f"temperature must be positive, got {temperature}; for the most likely token at every "
                 f"step use greedy=True."
             )
-        prompt = _check_tokens(prompt, self.vocab_size)
+        prompt = check_token_ids(prompt, self.vocab_size, "prompt")
         _check_length(prompt, self.max_len)
         total = prompt.size(1) + max_new_tokens
         if total > self.max_len:
@@ -160,7 +160,7 @@ def mask_tokens(
         (inputs, labels), both [batch, seq]. The labels hold the original
         id at the chosen positions and -100 (cross_entropy's ignore_index) elsewhere.
     """
-    tokens = _check_tokens(tokens, vocab_size)
+    tokens = check_token_ids(tokens, vocab_size)
     if not 0.0 < p <= 1.0:
         raise ValueError(f"p must be in (0, 1], got {p}; BERT predicts 15% of the tokens (p=0.15).")
     if not 0 <= mask_id < vocab_size:

@@ -1,0 +1,74 @@
+"""Tests of `python -m aiayn bleu` (chapter 16): its options are checked before any work."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import aiayn.data as data
+from aiayn import Transformer
+from aiayn.data import (DATA_ENV, TINY_RECIPE, SubwordTokenizer, load_multi30k,
+                        save_translation_model)
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
+
+
+def multi30k() -> Path:
+    """The local Multi30k files: $AIAYN_MULTI30K_DIR, else the copy next to the repository."""
+    if os.environ.get(DATA_ENV):
+        return Path(os.environ[DATA_ENV])
+    if not SHARED.is_dir():
+        pytest.skip(f"no local copy of Multi30k: set {DATA_ENV} or put the files in {SHARED}")
+    return SHARED
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny untrained model and a small subword tokenizer, in one checkpoint file."""
+    pairs = load_multi30k("train", root=multi30k())[:500]
+    tokenizer = SubwordTokenizer.train([text for pair in pairs for text in pair], vocab_size=300)
+    torch.manual_seed(0)
+    model = Transformer(TINY_RECIPE.model_config(tokenizer.vocab_size))
+    return save_translation_model(model, tokenizer, tmp_path_factory.mktemp("bleu") / "model.pt")
+
+
+@pytest.fixture
+def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the data or decoding fails the test: the command must stop before either."""
+    monkeypatch.setattr(data, "load_multi30k", lambda *a, **k: pytest.fail("read the data"))
+    monkeypatch.setattr(data, "evaluate_bleu", lambda *a, **k: pytest.fail("decoded"))
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "two"])
+def test_limit_must_be_a_positive_number_of_sentences(checkpoint, no_work, capsys, limit) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        data.main(["--checkpoint", str(checkpoint), "--limit", limit, "--device", "cpu"])
+    assert stopped.value.code == 2
+    assert "--limit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["a directory", "a missing directory", "under a file"])
+def test_an_unwritable_output_is_refused_before_any_work(checkpoint, no_work, capsys, tmp_path,
+                                                         where) -> None:
+    output = {"a directory": tmp_path, "a missing directory": tmp_path / "missing" / "out.txt",
+              "under a file": checkpoint / "out.txt"}[where]
+    code = data.main(["--checkpoint", str(checkpoint), "--output", str(output), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and str(output) in err and "--output" in err
+
+
+def test_limit_and_output_work_together(checkpoint, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(DATA_ENV, str(multi30k()))
+    existing = tmp_path / "out.txt"
+    existing.write_text("old\n", encoding="utf-8")
+    code = data.main(["--checkpoint", str(checkpoint), "--limit", "2", "--greedy",
+                      "--device", "cpu", "--output", str(existing)])
+    assert code == 0, capsys.readouterr().err
+    assert "test2016, 2 sentences, greedy" in capsys.readouterr().out
+    assert len(existing.read_text(encoding="utf-8").splitlines()) == 2  # replaced, not appended
+    fresh = tmp_path / "fresh.txt"  # a refused run leaves no file behind
+    assert data.main(["--checkpoint", str(tmp_path / "none.pt"), "--output", str(fresh)]) == 2
+    assert not fresh.exists()
