@@ -1,12 +1,12 @@
-"""Tests of aiayn.train (chapter 13): data, decoding, the training step, checkpoints, resume, the command."""
+"""Tests of aiayn.train (chapter 13): data, decoding, one update, the loop, checkpoints, resume, guards."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import json
+import math
 import os
-import subprocess
-import sys
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,22 +14,22 @@ import torch
 
 from aiayn import Transformer, TransformerConfig
 from aiayn.batching import Batch, make_batch
+from aiayn.model import read_checkpoint
 from aiayn.train import (
-    PRESETS,
-    Experiment,
+    NonFiniteLoss,
+    RunFolder,
     TrainConfig,
     Trainer,
+    TrainingInterrupted,
     autocast_dtype,
-    enable_grad_checkpointing,
+    average_checkpoints,
     encode_pairs,
     exact_match,
     greedy_decode,
     load_checkpoint_model,
-    main,
     make_loader,
+    make_scaler,
     pick_device,
-    register_preset,
-    saved_activation_bytes,
     synthetic_pairs,
     synthetic_tokenizer,
 )
@@ -103,6 +103,16 @@ def test_pick_device_and_amp():
         autocast_dtype("fp8", cpu)
     with pytest.raises(ValueError, match="accum_steps"):
         TrainConfig(accum_steps=0)
+
+
+@pytest.mark.parametrize("capability, dtype", [((7, 5), torch.float16), ((8, 0), torch.bfloat16),
+                                               ((9, 0), torch.bfloat16)])
+def test_auto_precision_follows_the_gpu_generation(monkeypatch, capability, dtype):
+    # A T4 (7.5) reports is_bf16_supported() == True although it only emulates bfloat16.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert autocast_dtype("auto", torch.device("cuda", 0)) == dtype
+    assert autocast_dtype("off", torch.device("cuda", 0)) is None
 
 
 # --- decoding --------------------------------------------------------------------------------------
@@ -199,33 +209,10 @@ def test_clipping_bounds_the_gradient_norm_seen_by_the_optimizer():
 def test_autocast_runs_on_cpu(amp):
     t = trainer(steps=3, amp=amp)
     history = t.fit()
-    assert t.amp_dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
-    assert t.scaler.is_enabled() == (amp == "fp16")  # loss scaling only for float16
+    assert autocast_dtype(t.config.amp, t.device) == {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+    assert t.scaler.get_scale() == (2.0**16 if amp == "fp16" else 1.0)  # loss scaling only for float16
     assert all(torch.isfinite(torch.tensor(history["loss"])))
     assert all(p.dtype == torch.float32 for p in t.model.parameters())  # the weights stay float32
-
-
-def test_grad_checkpointing_gives_identical_gradients_and_saves_memory():
-    plain = tiny_model(dropout=0.1)
-    checkpointed = copy.deepcopy(plain)
-    assert enable_grad_checkpointing(checkpointed) == 4
-    assert list(checkpointed.state_dict()) == list(plain.state_dict())
-    batch = make_batch(PAIRS[:32], 0, 1, 2)
-
-    def loss_of(model):
-        torch.manual_seed(1)  # the same dropout masks for both
-        return model(batch.src, batch.tgt_in).square().mean()
-
-    loss_of(plain).backward()
-    loss_of(checkpointed).backward()
-    assert all(torch.equal(p.grad, q.grad) for p, q in zip(plain.parameters(), checkpointed.parameters()))
-    kept_plain = saved_activation_bytes(lambda: loss_of(plain), exclude=plain.parameters())
-    kept_ckpt = saved_activation_bytes(lambda: loss_of(checkpointed), exclude=checkpointed.parameters())
-    assert kept_ckpt < kept_plain / 4
-    assert enable_grad_checkpointing(checkpointed, enable=False) == 4
-    assert type(checkpointed.encoder.layers[0]) is type(plain.encoder.layers[0])
-    t = trainer(steps=2, grad_checkpointing=True)
-    assert all(torch.isfinite(torch.tensor(t.fit()["loss"])))
 
 
 # --- checkpoints and resume --------------------------------------------------------------------------
@@ -233,7 +220,7 @@ def test_grad_checkpointing_gives_identical_gradients_and_saves_memory():
 def test_interrupted_and_resumed_run_reproduces_the_uninterrupted_one(tmp_path):
     full = trainer(steps=14, eval_every=5)  # dropout 0.1: the random numbers must be restored too
     history = full.fit()
-    assert full.epoch >= 1  # the run crosses an epoch boundary
+    assert full.batches.epoch >= 1  # the run crosses an epoch boundary
     first = trainer(steps=6, eval_every=5, checkpoint_dir=str(tmp_path))
     first.fit()
     resumed = trainer(steps=14, model=tiny_model(), eval_every=5, checkpoint_dir=str(tmp_path))
@@ -250,23 +237,29 @@ def test_interrupted_and_resumed_run_reproduces_the_uninterrupted_one(tmp_path):
     assert again.step == 14 and again.config.steps == 14 and again.tokenizer.to_dict() == TOKENIZER.to_dict()
 
 
-def test_an_interrupt_saves_the_last_completed_step(tmp_path):
+def test_a_signal_ends_the_update_saves_it_and_the_run_resumes_exactly(tmp_path):
     batches = list(make_loader(PAIRS, TOKENIZER, 160))
 
-    class Interrupted:
-        """The batches of one epoch, with a Ctrl-C while the 8th batch is being read."""
+    class Signalled:
+        """The batches of an epoch; a SIGTERM arrives while the 8th is read, in the 4th update."""
 
         def __iter__(self):
             for i, b in enumerate(batches):
-                if i == 7:
-                    raise KeyboardInterrupt
+                if i == 7 and not (tmp_path / "sent").exists():
+                    (tmp_path / "sent").touch()
+                    os.kill(os.getpid(), signal.SIGTERM)
                 yield b
 
-    t = trainer(steps=10, loader=Interrupted(), accum_steps=2, checkpoint_dir=str(tmp_path))
-    with pytest.raises(KeyboardInterrupt):
+    reference = trainer(steps=10, loader=batches, accum_steps=2).fit()
+    t = trainer(steps=10, loader=Signalled(), accum_steps=2, checkpoint_dir=str(tmp_path / "run"))
+    with pytest.raises(TrainingInterrupted, match="SIGTERM after step 4; saved to") as stop:
         t.fit()
-    saved = torch.load(tmp_path / "last.pt", weights_only=True)["training"]
-    assert saved["step"] == 3 and saved["batch_in_epoch"] == 6  # not the 7th batch of the broken step
+    assert stop.value.signum == signal.SIGTERM and stop.value.step == 4
+    saved = read_checkpoint(tmp_path / "run" / "last.pt")["training"]
+    assert saved["step"] == 4 and saved["data"]["position"] == 8  # the update the signal fell in, whole
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is given back
+    resumed = Trainer.resume(tmp_path / "run" / "last.pt", batches, log=None)
+    assert resumed.fit()["loss"] == reference["loss"]  # exactly
 
 
 def test_checkpoints_are_atomic_and_bad_files_give_clear_errors(tmp_path, monkeypatch):
@@ -281,7 +274,7 @@ def test_checkpoints_are_atomic_and_bad_files_give_clear_errors(tmp_path, monkey
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(OSError, match="disk full"):
-        t.save_checkpoint()
+        t.save_checkpoint(path)
     monkeypatch.undo()
     assert path.read_bytes() == good  # the interrupted save left the old checkpoint alone
     assert not list(tmp_path.glob("*.partial"))
@@ -313,36 +306,121 @@ def test_checkpoint_holds_only_plain_types_and_loads_as_a_model(tmp_path):
     assert Transformer.load(tmp_path / "last.pt").config == t.model.config  # chapter 9 reads it too
 
 
-# --- the command line --------------------------------------------------------------------------------
 
-def test_command_line_trains_and_writes_a_loadable_checkpoint(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "aiayn", "train", "--task", "copy", "--steps", "30", "--device", "cpu",
-         "--checkpoint-dir", str(tmp_path), "--no-progress", "--train-size", "2000", "--valid-size", "50"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "checkpoint:" in result.stdout and "exact match" in result.stdout
-    model, tokenizer = load_checkpoint_model(tmp_path / "last.pt")
-    src = torch.tensor([tokenizer.encode("3 1 4 1 5")])
-    assert greedy_decode(model, src, max_len=8).shape[0] == 1
-    help_text = subprocess.run([sys.executable, "-m", "aiayn", "train", "--help"], capture_output=True,
-                               text=True, cwd=ROOT, timeout=60).stdout
-    assert "--preset" in help_text and "reverse" in help_text and "--n-symbols" in help_text
+# --- guards of a long run (chapter 13; the faults of chapter 14) -------------------------------------
+
+def test_a_non_finite_update_is_skipped_and_adam_is_left_alone():
+    t = trainer(steps=1, clip_norm=None)
+    t.fit()
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    adam_steps = {int(s["step"]) for s in t.optimizer.state.values()}
+    with torch.no_grad():
+        t.model.src_embed.weight[5].fill_(float("nan"))  # any batch with token 5 now has a NaN loss
+    t.model.src_embed.weight.register_hook(lambda g: g)  # (keeps the graph as it is)
+    t.config = dataclasses.replace(t.config, steps=2)
+    t.train_step()
+    assert not math.isfinite(t.history["loss"][-1])
+    with torch.no_grad():
+        t.model.src_embed.weight[5] = before["src_embed.weight"][5]
+    assert all(torch.equal(v, before[k]) for k, v in t.model.state_dict().items())  # no update
+    assert {int(s["step"]) for s in t.optimizer.state.values()} == adam_steps
 
 
-def test_a_registered_preset_is_trained_by_main(tmp_path, capsys):
-    def build(args):
-        return Experiment(tiny_model(dropout=0.0).config, TOKENIZER, PAIRS[:60], PAIRS[:10],
-                          config(steps=2, checkpoint_dir=str(tmp_path)), max_tokens=160,
-                          metric=lambda model: 0.5, metric_name="half")
+def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_good_checkpoint(tmp_path):
+    good = trainer(steps=2, checkpoint_dir=str(tmp_path))
+    good.fit()
+    kept = (tmp_path / "last.pt").read_bytes()
+    t = Trainer.resume(tmp_path / "last.pt", make_loader(PAIRS, TOKENIZER, max_tokens=160), log=None,
+                       config=dataclasses.replace(good.config, steps=40, checkpoint_every=1))
+    with torch.no_grad():  # the weights are finite, but every loss from now on is NaN
+        t.model.head.weight.mul_(1e38)
+    with pytest.raises(NonFiniteLoss, match=r"stopped at step \d+: the loss or gradient norm was NaN or inf in "
+                                            r"the last 5 updates.*a learning rate too high.*keeps the last"):
+        t.fit()
+    assert t.step <= 2 + 10  # stopped within one read of the log
+    with torch.no_grad():
+        t.model.encoder.layers[0].ffn.w_1.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteLoss, match="its weights hold NaN or inf"):
+        t.save_checkpoint()
+    saved = read_checkpoint(tmp_path / "last.pt")
+    assert all(torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point())
+    assert kept != (tmp_path / "last.pt").read_bytes() or saved["training"]["step"] == 2
 
-    register_preset("test-preset", build, help="a preset of the tests")
-    try:
-        assert main(["--preset", "test-preset", "--no-progress"]) == 0
-    finally:
-        del PRESETS["test-preset"]
-    assert "half 0.5000" in capsys.readouterr().out and (tmp_path / "last.pt").is_file()
-    with pytest.raises(SystemExit):
-        main(["--preset", "no-such-preset"])
-    assert "unknown preset 'no-such-preset'" in capsys.readouterr().err
+
+def test_the_scaler_skips_only_in_float16_on_purpose():
+    cpu = torch.device("cpu")
+    assert make_scaler("fp16", cpu).get_scale() == 2.0**16
+    assert make_scaler("off", cpu).get_scale() == make_scaler("bf16", cpu).get_scale() == 1.0
+
+
+def test_a_new_run_refuses_a_folder_of_another_run_and_overwrite_cleans_it(tmp_path):
+    first = trainer(steps=6, checkpoint_dir=str(tmp_path), checkpoint_every=2, keep_checkpoints=3)
+    first.fit()
+    assert [p.name for p in first.folder.snapshots()] == ["step_00000002.pt", "step_00000004.pt",
+                                                          "step_00000006.pt"]
+    with pytest.raises(ValueError, match="holds another run .its last.pt is at step 6.*--resume.*--overwrite"):
+        trainer(steps=2, checkpoint_dir=str(tmp_path), seed=5).fit()
+    assert len(first.folder.snapshots()) == 3  # nothing was touched
+    second = trainer(steps=4, checkpoint_dir=str(tmp_path), seed=5, overwrite=True, checkpoint_every=2,
+                     keep_checkpoints=3)
+    second.fit()
+    assert [p.name for p in second.folder.snapshots()] == ["step_00000002.pt", "step_00000004.pt"]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]  # the old run's log is gone
+    model, _ = average_checkpoints(second.folder.snapshots())  # only the new run's snapshots
+    assert read_checkpoint(tmp_path / "last.pt")["training"]["run_id"] == second.run["id"]
+
+
+def test_a_resumed_run_drops_the_snapshots_and_log_lines_after_its_step(tmp_path):
+    t = trainer(steps=6, checkpoint_dir=str(tmp_path), checkpoint_every=2, keep_checkpoints=5)
+    t.fit()
+    backup = tmp_path / "backup.pt"
+    t.save_checkpoint(backup)
+    copy_at_4 = trainer(steps=4, checkpoint_dir=str(tmp_path / "other"))
+    copy_at_4.fit()
+    resumed = Trainer.resume(tmp_path / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=None,
+                             config=dataclasses.replace(t.config, steps=8))
+    resumed.fit()
+    assert [p.name for p in resumed.folder.snapshots()][-1] == "step_00000008.pt"
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9))  # each step once
+
+
+def test_a_second_run_cannot_train_into_a_locked_folder(tmp_path):
+    holder = RunFolder(tmp_path)
+    with holder.claim("someone", 0, overwrite=False):
+        t = trainer(steps=2, checkpoint_dir=str(tmp_path))
+        with pytest.raises(ValueError, match=f"another process .pid {os.getpid()}. is training into"):
+            t.fit()
+        assert t.step == 0  # refused before any update
+    trainer(steps=2, checkpoint_dir=str(tmp_path)).fit()  # released: the folder is free again
+
+
+def test_an_unwritable_folder_is_refused_before_any_update(tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    t = trainer(steps=2, checkpoint_dir=str(tmp_path / "a_file" / "run"))
+    with pytest.raises(ValueError, match="cannot write checkpoints to .*a_file/run"):
+        t.fit()
+    assert t.step == 0
+
+
+def test_resuming_on_other_data_names_the_difference(tmp_path):
+    trainer(steps=2, checkpoint_dir=str(tmp_path)).fit()
+    copies = encode_pairs(TOKENIZER, synthetic_pairs("copy", 240, n_symbols=10, min_len=1, max_len=8, seed=1))
+    with pytest.raises(ValueError, match="another configuration: data pairs_sha256="):
+        trainer(loader=make_loader(copies, TOKENIZER, 160)).load_checkpoint(tmp_path / "last.pt")
+    with pytest.raises(ValueError, match="data max_tokens=160 there, 200 here"):
+        trainer(loader=make_loader(PAIRS, TOKENIZER, 200)).load_checkpoint(tmp_path / "last.pt")
+
+
+def test_the_log_writes_metrics_jsonl_and_tensorboard(tmp_path):
+    t = trainer(steps=4, checkpoint_dir=str(tmp_path), log_every=2, eval_every=2)
+    t.metric = ("half", lambda model: 0.5)
+    t.fit()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+    assert {"lr", "grad_norm"} <= set(rows[0]) and any("tokens_per_s" in r for r in rows)
+    assert [(r["step"], r["half"]) for r in rows if "valid_loss" in r] == [(2, 0.5), (4, 0.5)]
+    pytest.importorskip("tensorboard")
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0

@@ -5,17 +5,18 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
+import hashlib
+import json
 import math
 import os
-import pkgutil
-import sys
+import signal
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -23,40 +24,50 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader
-
-from aiayn.batching import Batch, Collator, SymbolTokenizer, TokenBatchSampler, make_batch, tokenizer_from_dict
-from aiayn.decoder import DecoderLayer
-from aiayn.encoder import EncoderLayer
-from aiayn.model import (CHECKPOINT_FORMAT, Transformer, TransformerConfig, load_state_dict_checked,
-                         read_checkpoint, write_checkpoint)
-from aiayn.optim import LabelSmoothingLoss, make_optimizer, make_scheduler
-
 from tqdm import tqdm
+
+from aiayn.batching import Batch, Collator, SymbolTokenizer, TokenBatchSampler, make_batch
+from aiayn.batching import tokenizer_from_dict
+from aiayn.embedding import check_token_ids
+from aiayn.model import Transformer, TransformerConfig, checkpoint_dict, load_state_dict_checked
+from aiayn.model import read_checkpoint, write_checkpoint
+from aiayn.optim import LabelSmoothingLoss, make_optimizer, make_scheduler, rate
 
 __all__ = [
     "AMP_MODES",
-    "Experiment",
-    "PRESETS",
+    "Batches",
+    "NonFiniteLoss",
+    "RECIPE_FIELDS",
+    "RunFolder",
     "TASKS",
     "TrainConfig",
     "Trainer",
+    "TrainingInterrupted",
+    "TrainingLog",
+    "autocast",
     "autocast_dtype",
     "average_checkpoints",
-    "enable_grad_checkpointing",
+    "check_finite",
+    "check_resumable",
+    "check_train_config",
+    "clip_gradients",
+    "count_tokens",
+    "data_fingerprint",
     "encode_pairs",
     "exact_match",
     "greedy_decode",
-    "init_distributed",
     "load_checkpoint_model",
-    "main",
     "make_loader",
+    "make_scaler",
     "pick_device",
-    "register_preset",
-    "saved_activation_bytes",
+    "rng_state",
+    "set_rng_state",
+    "stop_on_signals",
     "synthetic_pairs",
     "synthetic_tokenizer",
+    "to_device",
+    "world",
 ]
 
 
@@ -74,13 +85,7 @@ def synthetic_pairs(
     every machine, and a larger n only appends pairs. A string is its symbols
     separated by spaces, e.g. ("3 1 4", "4 1 3").
     """
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}.")
-    for name, value, low in (("n", n, 0), ("n_symbols", n_symbols, 1), ("min_len", min_len, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}.")
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < min_len:
-        raise ValueError(f"max_len must be an int >= min_len={min_len}, got {max_len!r}.")
+    _check_task(task, n, n_symbols, min_len, max_len)
     g = torch.Generator().manual_seed(seed)
     pairs = []
     for _ in range(n):  # one pair after the other: the first k of n pairs are the k pairs of the seed
@@ -128,6 +133,17 @@ def make_loader(
                       pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed))
 
 
+def _check_task(task: str, n: int, n_symbols: int, min_len: int, max_len: int) -> None:
+    """synthetic_pairs' arguments, or a ValueError naming the wrong one."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}.")
+    for name, value, low in (("n", n, 0), ("n_symbols", n_symbols, 1), ("min_len", min_len, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}.")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < min_len:
+        raise ValueError(f"max_len must be an int >= min_len={min_len}, got {max_len!r}.")
+
+
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
     """The most likely next token, step by step, recomputing the whole prefix each time (chapter 13).
@@ -143,9 +159,7 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
         raise ValueError(f"max_len must be an int >= 1 (the most tokens to write), got {max_len!r}.")
     c = model.config
-    was_training = model.training
-    model.eval()
-    try:
+    with _eval_mode(model):
         memory = model.encode(src)  # checks src: [batch, src_len, d_model]
         tokens = torch.full((src.size(0), 1), c.bos_id, dtype=torch.long, device=src.device)  # [batch, 1]
         done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)  # [batch]
@@ -155,10 +169,8 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
             next_token = next_token.masked_fill(done, c.pad_id)  # finished rows: padding
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # [batch, t + 1]
             done |= next_token == c.eos_id
-            if bool(done.all()):
+            if bool(done.all()):  # the reference reads the flag every step; chapter 15 need not
                 break
-    finally:
-        model.train(was_training)
     return tokens[:, 1:]  # without the start token: [batch, n]
 
 
@@ -179,43 +191,81 @@ def exact_match(model: Transformer, pairs: Pairs, batch_size: int = 500) -> floa
     return correct / len(pairs)
 
 
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode (no dropout) while inside, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 AMP_MODES = ("auto", "bf16", "fp16", "off")
 
 
 def pick_device(name: str = "auto") -> torch.device:
     """The device to train on: "auto" is cuda, else mps, else cpu; a bare "cuda" is cuda:LOCAL_RANK under torchrun (chapter 13)."""
     if name == "auto":
-        if torch.cuda.is_available():
-            name = "cuda"
-        elif torch.backends.mps.is_available():
-            name = "mps"
-        else:
-            name = "cpu"
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
         raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps.") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} asked for, but this PyTorch sees no CUDA GPU; use auto or cpu.")
-        if device.index is None:  # torchrun starts one process per GPU and names it in LOCAL_RANK
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device 'mps' asked for, but MPS is not available here; use auto or cpu.")
-    elif device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"device {name!r}: training runs on cpu, cuda or mps.")
+    if device.type == "cuda" and device.index is None:  # torchrun names each process's GPU in LOCAL_RANK
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    _check_device(name, device)
     return device
 
 
 def autocast_dtype(amp: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of an amp setting: "auto" is bf16 on CUDA GPUs that have it, fp16 on older ones, off elsewhere (chapter 13)."""
+    """The autocast dtype of an amp setting: "auto" is bf16 on GPUs built for it, fp16 on older GPUs, off elsewhere (chapter 13)."""
     if amp not in AMP_MODES:
         raise ValueError(f"amp must be one of {AMP_MODES}, got {amp!r}.")
     if amp == "auto":
         if device.type != "cuda":
             return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # bfloat16 units came with compute capability 8 (A100); a T4 (7.5) only emulates them.
+        return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[amp]
+
+
+def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """torch.autocast with the dtype of an amp setting, or nothing when that is off (chapter 13)."""
+    dtype = autocast_dtype(amp, device)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+def _check_device(name: str, device: torch.device) -> None:
+    """A device that this PyTorch can train on, or a ValueError saying what to use instead."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but this PyTorch sees no CUDA GPU; use auto or cpu.")
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+                         f"numbered from 0.")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device 'mps' asked for, but MPS is not available here; use auto or cpu.")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {name!r}: training runs on cpu, cuda or mps.")
+
+
+def make_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler:
+    """A GradScaler: loss scaling for float16; in other precisions only its skip of inf/NaN updates (chapter 13)."""
+    if autocast_dtype(amp, device) == torch.float16:
+        return torch.amp.GradScaler(device.type)
+    # A scale of 1 that does not grow: the gradients are unchanged, and an update
+    # whose gradients hold inf or NaN is still skipped.
+    return torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=2**30)
+
+
+def clip_gradients(params: Iterable[Tensor], max_norm: float | None) -> Tensor:
+    """The global gradient norm before clipping; with max_norm, the gradients scaled down to at most it (chapter 13)."""
+    params = list(params)
+    if max_norm is not None:
+        return nn.utils.clip_grad_norm_(params, max_norm)
+    norms = [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(norms))
 
 
 @dataclass(frozen=True)
@@ -229,13 +279,12 @@ class TrainConfig:
         clip_norm: largest global gradient norm, or None for no clipping.
         accum_steps: batches whose gradients add up to one update.
         amp: autocast precision, "auto", "bf16", "fp16" (with loss scaling) or "off".
-        compile: run the model through torch.compile.
-        grad_checkpointing: recompute each layer's activations in the backward pass.
+        compile: run the model through torch.compile (chapter 14).
         eval_every, log_every, checkpoint_every: periods in steps (0: never); the
             last step always logs, validates and checkpoints.
-        checkpoint_dir: where last.pt goes; None writes no checkpoints.
-        keep_checkpoints: how many model snapshots step_N.pt to keep from the
-            periodic checkpoints, for average_checkpoints (the paper averages 5).
+        checkpoint_dir: the run's folder (last.pt, snapshots, metrics.jsonl), or None.
+        keep_checkpoints: model snapshots step_N.pt kept for averaging (the paper: 5).
+        overwrite: let a new run delete the checkpoints of another run in checkpoint_dir.
         seed: seed of dropout (plus the rank under DDP).
         device: "auto", "cpu", "cuda", "cuda:N" or "mps".
         progress: show a tqdm progress bar.
@@ -249,31 +298,18 @@ class TrainConfig:
     accum_steps: int = 1
     amp: str = "auto"
     compile: bool = False
-    grad_checkpointing: bool = False
     eval_every: int = 0
     log_every: int = 100
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
     keep_checkpoints: int = 0
+    overwrite: bool = False
     seed: int = 0
     device: str = "auto"
     progress: bool = True
 
     def __post_init__(self) -> None:
-        """Refuse settings that cannot train, saying what to change."""
-        for name, low in (("steps", 1), ("warmup", 1), ("accum_steps", 1), ("eval_every", 0), ("log_every", 0),
-                          ("checkpoint_every", 0), ("keep_checkpoints", 0), ("seed", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}.")
-        if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or not self.factor > 0:
-            raise ValueError(f"factor must be a positive number, got {self.factor!r}.")
-        if not isinstance(self.label_smoothing, (int, float)) or not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}.")
-        if self.clip_norm is not None and (not isinstance(self.clip_norm, (int, float)) or not self.clip_norm > 0):
-            raise ValueError(f"clip_norm must be a positive number or None (no clipping), got {self.clip_norm!r}.")
-        if self.amp not in AMP_MODES:
-            raise ValueError(f"amp must be one of {AMP_MODES}, got {self.amp!r}.")
+        check_train_config(self)  # in the next cell: refuses settings that cannot train
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain values, for a checkpoint."""
@@ -288,16 +324,692 @@ class TrainConfig:
         return cls(**data)
 
 
-# Fields a resumed run must share with the checkpoint: they change the updates themselves.
-_RECIPE = ("warmup", "factor", "label_smoothing", "clip_norm", "accum_steps", "seed")
+# The fields a resumed run must share with its checkpoint: they change the updates.
+RECIPE_FIELDS = ("warmup", "factor", "label_smoothing", "clip_norm", "accum_steps", "amp", "seed")
 
 
-TRAINING_VERSION = 1
+def check_train_config(c: TrainConfig) -> None:
+    """Refuse a TrainConfig that cannot train, naming the field and what it must be (chapter 13)."""
+    for name, low in (("steps", 1), ("warmup", 1), ("accum_steps", 1), ("eval_every", 0),
+                      ("log_every", 0), ("checkpoint_every", 0), ("keep_checkpoints", 0), ("seed", 0)):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}.")
+    if isinstance(c.factor, bool) or not isinstance(c.factor, (int, float)) or not 0 < c.factor < math.inf:
+        raise ValueError(f"factor must be a positive number, got {c.factor!r}.")
+    if not isinstance(c.label_smoothing, (int, float)) or not 0 <= c.label_smoothing < 1:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {c.label_smoothing!r}.")
+    if c.clip_norm is not None and (not isinstance(c.clip_norm, (int, float)) or not c.clip_norm > 0):
+        raise ValueError(f"clip_norm must be a positive number or None (no clipping), got {c.clip_norm!r}.")
+    if c.amp not in AMP_MODES:
+        raise ValueError(f"amp must be one of {AMP_MODES}, got {c.amp!r}.")
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    """Write obj to path with chapter 9's write_checkpoint: atomic, fsynced, hashed (chapter 13)."""
-    write_checkpoint(obj, path)
+class Batches:
+    """The batches of a loader, epoch after epoch, and where they stand: epoch and batches read (chapter 13).
+
+    Before each epoch, set_epoch(epoch) is called on the loader or its batch sampler,
+    so that it shuffles anew; for an exact resume the order must depend on nothing else.
+    """
+
+    def __init__(self, loader: Iterable[Batch]) -> None:
+        self.loader = loader
+        self.epoch = 0
+        self.position = 0  # batches of this epoch read so far
+        self._iterator: Iterator[Batch] | None = None
+
+    def __next__(self) -> Batch:
+        if self._iterator is None:
+            self._open()
+        batch = next(self._iterator, None)
+        if batch is None:  # the epoch is over: the next one, shuffled anew
+            if self.position == 0:
+                raise ValueError("the training loader yielded no batches.")
+            self.epoch, self.position, self._iterator = self.epoch + 1, 0, None
+            return next(self)
+        self.position += 1
+        return batch
+
+    def _open(self) -> None:
+        """Start the epoch's batches, skipping those read before a checkpoint."""
+        for part in {id(p): p for p in (self.loader, getattr(self.loader, "batch_sampler", None))}.values():
+            if callable(getattr(part, "set_epoch", None)):
+                part.set_epoch(self.epoch)
+        self._iterator = iter(self.loader)
+        for read in range(self.position):
+            if next(self._iterator, None) is None:
+                raise ValueError(
+                    f"cannot resume: epoch {self.epoch} of the training data has {read} batches, but "
+                    f"the checkpoint was taken after {self.position}; resume with the same data.")
+
+    def state_dict(self) -> dict[str, int]:
+        """The position: epoch and batches read in it."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Go back to a position: reopen its epoch now and skip the batches already read."""
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._open()
+
+
+class TrainingLog:
+    """A run's numbers: kept in history, printed, appended to metrics.jsonl and TensorBoard (chapter 13).
+
+    The losses stay on the device until flush() reads a block of them at once, so
+    that a GPU is not stopped at every step to hand one number to the CPU.
+    """
+
+    def __init__(self, say: Callable[[str], Any] | None, folder: Path | None = None) -> None:
+        self.say_to, self.folder = say, folder
+        self.history: dict[str, list[float]] = {key: [] for key in (
+            "step", "loss", "lr", "grad_norm", "valid_step", "valid_loss", "metric")}
+        self.tokens = 0  # source and target tokens trained on, all processes together
+        self._pending: list[tuple[int, Tensor, float, Tensor, Tensor]] = []
+        self._clock = (time.perf_counter(), 0)  # time and tokens at the last printed line
+        self._bar: Any = None
+        self._board: Any = None
+
+    def record(self, step: int, loss: Tensor, lr: float, grad_norm: Tensor, tokens: Tensor) -> None:
+        """Note one update's numbers, still on the device."""
+        self._pending.append((step, loss, lr, grad_norm, tokens))
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def flush(self) -> None:
+        """Move the pending updates into history and metrics.jsonl, with one read from the device."""
+        if not self._pending:
+            return
+        values = torch.stack([torch.stack([loss.double(), norm.double(), n.double()])
+                              for _, loss, _, norm, n in self._pending]).tolist()
+        rows = []
+        for (step, _, lr, _, _), (loss, norm, n) in zip(self._pending, values):
+            rows.append({"step": step, "loss": loss, "lr": lr, "grad_norm": norm})
+            for key in ("step", "loss", "lr", "grad_norm"):
+                self.history[key].append(rows[-1][key])
+            self.tokens += int(n)
+        self._pending.clear()
+        self.write(rows)
+
+    def line(self, step: int) -> None:
+        """Print the last update's numbers and the tokens per second since the last line."""
+        now = time.perf_counter()
+        speed = (self.tokens - self._clock[1]) / max(now - self._clock[0], 1e-9)
+        self._clock = (now, self.tokens)
+        h = self.history
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{h['loss'][-1]:.3f}", tok_s=f"{speed:,.0f}", refresh=False)
+        self.say(f"step {step:>6d} | loss {h['loss'][-1]:.4f} | lr {h['lr'][-1]:.2e} | "
+                 f"grad norm {h['grad_norm'][-1]:.3f} | {speed:,.0f} tok/s")
+        self.write([{"step": step, "tokens": self.tokens, "tokens_per_s": speed}])
+
+    def validation(self, step: int, loss: float, metric: tuple[str, float] | None) -> None:
+        """Keep, print and write a validation's loss and metric."""
+        self.history["valid_step"].append(step)
+        self.history["valid_loss"].append(loss)
+        self.history["metric"].append(metric[1] if metric else math.nan)
+        self.say(f"step {step:>6d} | valid loss {loss:.4f}"
+                 + (f" | {metric[0]} {metric[1]:.4f}" if metric else ""))
+        self.write([{"step": step, "valid_loss": loss, **(dict([metric]) if metric else {})}])
+
+    def say(self, message: str) -> None:
+        """Print a line, above the progress bar if there is one."""
+        if self.say_to is not None:
+            self._bar.write(message) if self._bar is not None else self.say_to(message)
+
+    def write(self, rows: list[dict[str, float]]) -> None:
+        """Append rows to the folder's metrics.jsonl, and to TensorBoard if it is installed."""
+        if self.folder is None:
+            return
+        with open(self.folder / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+        if self._board is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # the tensorboard package is optional
+                self._board = False
+            else:
+                self._board = SummaryWriter(str(self.folder / "tensorboard"))
+        for row in rows if self._board else []:
+            for key, value in row.items():
+                if key != "step":
+                    self._board.add_scalar(key, value, row["step"])
+
+    @contextlib.contextmanager
+    def progress(self, total: int, start: int, show: bool) -> Iterator[None]:
+        """A progress bar while inside (if show and there is somewhere to log); flushes at the end."""
+        if show and self.say_to is not None:
+            self._bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+        self._clock = (time.perf_counter(), self.tokens)
+        try:
+            yield
+        finally:
+            self.flush()
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+            if self._board:
+                self._board.flush()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The history and the token count, for a checkpoint."""
+        self.flush()
+        return {"history": self.history, "tokens": self.tokens}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history = {key: list(values) for key, values in state["history"].items()}
+        self.tokens, self._pending = state["tokens"], []
+
+
+class Trainer:
+    """The training loop: accumulate, clip, step; log, validate and checkpoint on the way (chapter 13).
+
+    Args:
+        model: the Transformer to train (moved to the configured device).
+        config: a TrainConfig.
+        train_loader: an iterable of Batch, read again for each epoch; for an exact
+            resume its order must depend only on the epoch, as make_loader's does.
+        valid_loader: Batches for the validation loss, or None.
+        tokenizer: stored in the checkpoints, or None.
+        metric: metric(model) -> float at each validation (e.g. exact match), or None;
+            metric_name names it in the log.
+        log: where log lines go (print by default, None for none); under DDP rank 0 logs.
+        run_info: plain values kept with the run's checkpoints (chapter 14 keeps the
+            command line's preset there).
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        config: TrainConfig,
+        train_loader: Iterable[Batch],
+        valid_loader: Iterable[Batch] | None = None,
+        tokenizer: Any = None,
+        metric: Callable[[Transformer], float] | None = None,
+        log: Callable[[str], Any] | None = print,
+        metric_name: str = "metric",
+        run_info: dict[str, Any] | None = None,
+    ) -> None:
+        _check_trainer_inputs(model, config, run_info)
+        rank, world_size = world()
+        self.config = config
+        self.device = pick_device(config.device)
+        self.model = model.to(self.device)
+        self.module = _training_module(self.model, self.device, world_size > 1, config.compile)
+        self.optimizer = make_optimizer(self.model, fused=True if self.device.type == "cuda" else None)
+        self.scheduler = make_scheduler(self.optimizer, model.config.d_model, config.warmup, config.factor)
+        self.scaler = make_scaler(config.amp, self.device)
+        self.batches = Batches(train_loader)
+        self.valid_loader, self.tokenizer = valid_loader, tokenizer
+        self.metric = None if metric is None else (metric_name, metric)
+        self.folder = None if config.checkpoint_dir is None else RunFolder(config.checkpoint_dir)
+        self.log = TrainingLog(log if rank == 0 else None,
+                               self.folder.path if self.folder is not None and rank == 0 else None)
+        self.run = {"id": uuid.uuid4().hex[:12], **(run_info or {})}  # who writes into the folder
+        self.step = 0  # optimizer updates done
+        torch.manual_seed(config.seed + rank)  # dropout; the weights came with the model
+
+    @property
+    def history(self) -> dict[str, list[float]]:
+        """Per update its step, loss, rate and gradient norm; per validation its step, loss and metric."""
+        self.log.flush()
+        return self.log.history
+
+    def train_step(self) -> None:
+        """One update from accum_steps batches: the mean loss per target token of all of them (chapter 13)."""
+        batches = [to_device(next(self.batches), self.device, self.model.config)
+                   for _ in range(self.config.accum_steps)]
+        counts = count_tokens(batches, self.model.config.pad_id)  # [target, source] tokens, all processes
+        n_target = counts[0].clamp(min=1).float()
+        share = n_target / world()[1]  # DDP averages over the processes: each divides by its share
+        loss_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            with gradient_sync(self.module, last=i == len(batches) - 1):
+                with autocast(self.config.amp, self.device):
+                    logits = self.module(batch.src, batch.tgt_in)  # [batch, tgt_len, V]
+                loss = self.criterion(logits, batch.tgt_out)  # summed over the real target tokens
+                self.scaler.scale(loss / share).backward()
+            loss_sum += loss.detach()
+        self.scaler.unscale_(self.optimizer)  # the true gradients, for clipping
+        grad_norm = clip_gradients(self.model.parameters(), self.config.clip_norm)
+        lr = self.scheduler.get_last_lr()[0]  # the rate of this update
+        self.scaler.step(self.optimizer)  # skipped if a gradient is inf or NaN
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        self.log.record(self.step, _sum_over_processes(loss_sum) / n_target, lr, grad_norm, counts.sum())
+
+    @property
+    def criterion(self) -> LabelSmoothingLoss:
+        """The label-smoothed loss of chapter 12, summed over the real target tokens."""
+        return LabelSmoothingLoss(self.config.label_smoothing, ignore_index=self.model.config.pad_id,
+                                  reduction="sum")
+
+    def fit(self) -> dict[str, list[float]]:
+        """Train until config.steps updates, logging, validating and checkpointing on the way (chapter 13).
+
+        Returns the history. A first Ctrl-C (SIGINT) or SIGTERM lets the update finish,
+        saves a checkpoint and raises TrainingInterrupted; a second one stops at once.
+        """
+        c = self.config
+        self.model.train()
+        with self._claim_folder(), stop_on_signals() as stop, self.log.progress(c.steps, self.step, c.progress):
+            while self.step < c.steps and not anyone_stops(stop.signum is not None, self.device):
+                self.train_step()
+                self._after_step()
+            if self.step < c.steps:
+                path = self.save_checkpoint() if self.folder is not None else None
+                raise TrainingInterrupted(stop.signum or signal.SIGTERM, self.step, path, world()[0])
+        return self.history
+
+    def _after_step(self) -> None:
+        """Log, validate and checkpoint when their periods come round; the last step does all three."""
+        c, final = self.config, self.step == self.config.steps
+
+        def due(every: int) -> bool:
+            return final or (every > 0 and self.step % every == 0)
+
+        if due(c.log_every) or self.step % FLUSH_EVERY == 0:
+            self.log.flush()
+            check_finite(self)
+        if due(c.log_every):
+            self.log.line(self.step)
+        if due(c.eval_every):
+            self.validate()
+        if self.folder is not None and due(c.checkpoint_every):
+            self.save_checkpoint()
+            if c.keep_checkpoints and c.checkpoint_every and self.step % c.checkpoint_every == 0:
+                snapshot = checkpoint_dict(self.model, self.tokenizer)
+                self.folder.snapshot(snapshot, self.step, c.keep_checkpoints)
+
+    def _claim_folder(self) -> contextlib.AbstractContextManager:
+        if self.folder is None or world()[0] != 0:
+            return contextlib.nullcontext()
+        return self.folder.claim(self.run["id"], self.step, self.config.overwrite)
+
+    @torch.no_grad()
+    def evaluate(self, loader: Iterable[Batch] | None = None) -> float:
+        """Mean loss per target token (label-smoothed, as in training) over loader, by default the validation batches (chapter 13)."""
+        loader = self.valid_loader if loader is None else loader
+        if loader is None:
+            raise ValueError("evaluate needs batches: pass a loader, or give the Trainer a valid_loader.")
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)  # [loss sum, target tokens]
+        with _eval_mode(self.model), _forked_rng(self.device):
+            for batch in loader:
+                batch = to_device(batch, self.device, self.model.config)
+                with autocast(self.config.amp, self.device):
+                    logits = self.model(batch.src, batch.tgt_in)  # [batch, tgt_len, V]
+                total[0] += self.criterion(logits, batch.tgt_out).double()
+                total[1] += (batch.tgt_out != self.model.config.pad_id).sum()
+        loss_sum, count = total.tolist()  # one read from the device, at the end
+        return loss_sum / max(count, 1.0)
+
+    def validate(self) -> None:
+        """Validation loss and metric, into the history and the log; on rank 0 only (chapter 13)."""
+        if world()[0] != 0 or (self.valid_loader is None and self.metric is None):
+            return
+        loss = self.evaluate() if self.valid_loader is not None else math.nan
+        metric = None
+        if self.metric is not None:
+            with _eval_mode(self.model), _forked_rng(self.device), torch.no_grad():
+                metric = (self.metric[0], float(self.metric[1](self.model)))
+        self.log.validation(self.step, loss, metric)
+
+    def state_dict(self) -> dict[str, Any]:
+        """All a run needs to go on exactly: optimizer, schedule, data position, random states, log (chapter 13)."""
+        rngs = [rng_state(self.device)]
+        if world()[1] > 1:  # every process must call this
+            rngs = [None] * world()[1]
+            dist.all_gather_object(rngs, rng_state(self.device))
+        return {"version": TRAINING_VERSION, "run_id": self.run["id"], "run": self.run,
+                "train_config": self.config.to_dict(), "step": self.step,
+                "data": {**self.batches.state_dict(), "fingerprint": data_fingerprint(self.batches.loader)},
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(), "rng": [{k: v.cpu() for k, v in r.items()} for r in rngs],
+                **self.log.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state_dict(): the optimizer and the rest; the data, then the random numbers (chapter 13)."""
+        self.run, self.step = dict(state["run"]), state["step"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.log.load_state_dict(state)
+        self.batches.load_state_dict(state["data"])  # reopens the epoch, which may draw random numbers,
+        set_rng_state(state["rng"][world()[0] % len(state["rng"])], self.device)  # so these come last
+
+    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path | None:
+        """Write the model, tokenizer and state_dict() to path (default: the folder's last.pt), atomically (chapter 13).
+
+        Refuses weights that hold NaN or inf. Under DDP every process must call it; rank 0
+        writes the file and returns its path, the others return None.
+        """
+        check_finite(self, weights=True)
+        state = self.state_dict()
+        if world()[0] != 0:
+            return None
+        if path is None and self.folder is None:
+            raise ValueError("save_checkpoint needs a path, or a TrainConfig with a checkpoint_dir.")
+        path = Path(path) if path is not None else self.folder.last
+        return write_checkpoint(checkpoint_dict(self.model, self.tokenizer, training=state), path)
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Continue from a checkpoint of save_checkpoint, if its model, recipe and data are this trainer's (chapter 13)."""
+        self._load(read_checkpoint(path), path)
+
+    def _load(self, saved: dict[str, Any], path: str | os.PathLike) -> None:
+        check_resumable(saved, self, path)
+        load_state_dict_checked(self.model, saved["state_dict"])
+        self.load_state_dict(saved["training"])
+
+    @classmethod
+    def resume(
+        cls,
+        path: str | os.PathLike,
+        train_loader: Iterable[Batch],
+        valid_loader: Iterable[Batch] | None = None,
+        config: TrainConfig | None = None,
+        **kwargs: Any,
+    ) -> Trainer:
+        """A Trainer rebuilt from a checkpoint: its model, tokenizer, TrainConfig (unless given) and state (chapter 13).
+
+        kwargs are the Trainer's other arguments (metric, log, metric_name, run_info).
+        """
+        saved = read_checkpoint(path)
+        training = saved.get("training")
+        if config is None and isinstance(training, dict) and "train_config" in training:
+            config = TrainConfig.from_dict(training["train_config"])
+        if config is None:
+            raise ValueError(f"{path} holds no training state; start a new Trainer from its weights instead.")
+        tokenizer = tokenizer_from_dict(saved["tokenizer"]) if saved.get("tokenizer") else None
+        model = Transformer(TransformerConfig.from_dict(saved["config"]))
+        trainer = cls(model, config, train_loader, valid_loader, tokenizer, **kwargs)
+        trainer._load(saved, path)
+        return trainer
+
+
+def world() -> tuple[int, int]:
+    """(rank, world_size) of this process: (0, 1) unless a process group runs (chapters 13, 14)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _training_module(model: nn.Module, device: torch.device, distributed: bool, compile: bool) -> nn.Module:
+    """What the loop calls: the model, wrapped by DDP under torchrun, compiled if asked (chapter 14)."""
+    module = model
+    if distributed:  # averages the gradients over the processes during backward()
+        module = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return torch.compile(module) if compile else module
+
+
+def _check_trainer_inputs(model: Any, config: Any, run_info: Any) -> None:
+    """The Trainer's arguments, or a ValueError naming the wrong one."""
+    if not isinstance(model, Transformer):
+        raise ValueError(f"Trainer takes a Transformer, got {type(model).__name__}.")
+    if not isinstance(config, TrainConfig):
+        raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}.")
+    if run_info is not None and not isinstance(run_info, dict):
+        raise ValueError(f"run_info must be a dict of plain values or None, got {type(run_info).__name__}.")
+
+
+def to_device(batch: Batch, device: torch.device, config: TransformerConfig) -> Batch:
+    """Check a batch's ids on the CPU, where it costs nothing, then move it to the device (chapter 13)."""
+    if not isinstance(batch, Batch):
+        raise ValueError(f"the loaders must yield aiayn.batching.Batch, got {type(batch).__name__}; use "
+                         f"make_loader, or a DataLoader with collate_fn=Collator(...).")
+    if device.type != "cpu":  # on an accelerator the model does not read ids back to check them
+        check_token_ids(batch.src, config.src_vocab_size, "source ids")
+        check_token_ids(batch.tgt_out, config.tgt_vocab_size, "target ids")
+    return batch.to(device, non_blocking=True)
+
+
+def count_tokens(batches: Sequence[Batch], pad_id: int) -> Tensor:
+    """[target tokens, source tokens] of an update's batches, on the device, all processes together (chapter 13)."""
+    counts = torch.stack([sum((b.tgt_out != pad_id).sum() for b in batches),
+                          sum((b.src != pad_id).sum() for b in batches)])  # [2]
+    if world()[1] > 1:
+        dist.all_reduce(counts)
+    return counts
+
+
+def gradient_sync(module: nn.Module, last: bool) -> contextlib.AbstractContextManager:
+    """Under DDP, let only the last backward pass of an update average the gradients (chapter 14)."""
+    return module.no_sync() if world()[1] > 1 and not last else contextlib.nullcontext()
+
+
+def _sum_over_processes(t: Tensor) -> Tensor:
+    if world()[1] > 1:
+        dist.all_reduce(t)
+    return t
+
+
+NONFINITE_PATIENCE = 5  # skipped updates in a row before fit() gives up
+FLUSH_EVERY = 10  # updates between two reads of their losses from the device
+
+
+def _forked_rng(device: torch.device) -> contextlib.AbstractContextManager:
+    """Random numbers drawn inside are given back: validation leaves dropout's sequence alone."""
+    if device.type == "cuda":
+        return torch.random.fork_rng(devices=[device], device_type="cuda")
+    return torch.random.fork_rng(devices=[])
+
+
+def rng_state(device: torch.device) -> dict[str, Tensor]:
+    """The states of the generators that dropout draws from: the CPU's and the device's (chapter 13)."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    elif device.type == "mps":
+        state["mps"] = torch.mps.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Tensor], device: torch.device) -> None:
+    """Restore what rng_state returned (chapter 13)."""
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    elif device.type == "mps" and "mps" in state:
+        torch.mps.set_rng_state(state["mps"])
+
+
+def data_fingerprint(loader: Iterable[Batch]) -> dict[str, Any]:
+    """What decides a make_loader loader's batches: a hash of its pairs, and its batching settings (chapter 13)."""
+    found: dict[str, Any] = {}
+    pairs = getattr(loader, "dataset", None)
+    if isinstance(pairs, Sequence):
+        digest = hashlib.sha256()
+        for source, target in pairs:
+            digest.update(f"{list(map(int, source))}{list(map(int, target))}".encode())
+        found.update(pairs=len(pairs), pairs_sha256=digest.hexdigest()[:16])
+    sampler = getattr(loader, "batch_sampler", None)
+    if isinstance(sampler, TokenBatchSampler):
+        found.update({key: getattr(sampler, key) for key in ("max_tokens", "bucket_size", "shuffle", "seed")})
+    return found
+
+
+TRAINING_VERSION = 2  # of the "training" entry of a checkpoint
+
+
+def check_resumable(saved: dict[str, Any], trainer: Trainer, path: str | os.PathLike) -> None:
+    """Refuse to continue a checkpoint with another model, recipe or data, naming each difference (chapter 13)."""
+    training = saved.get("training")
+    if not isinstance(training, dict) or training.get("version") != TRAINING_VERSION:
+        raise ValueError(
+            f"{path} holds a model but no training state of version {TRAINING_VERSION} (written by "
+            f"Transformer.save, or by another version); to start a new run from its weights, call "
+            f"model.load_weights(path) before creating the Trainer.")
+    fingerprint = training["data"]["fingerprint"]
+    differ = (_differences(saved["config"], trainer.model.config.to_dict(), saved["config"])
+              + _differences(training["train_config"], trainer.config.to_dict(), RECIPE_FIELDS)
+              + _differences(fingerprint, data_fingerprint(trainer.batches.loader), fingerprint, "data "))
+    if differ:
+        raise ValueError(f"{path} comes from another configuration: {'; '.join(differ)}. Resume with the "
+                         f"model, recipe and data it was trained with, or start a new run.")
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any], names: Iterable[str],
+                 prefix: str = "") -> list[str]:
+    """'name=old there, new here' for each of names whose values differ."""
+    return [f"{prefix}{n}={saved.get(n)!r} there, {current.get(n)!r} here" for n in names
+            if saved.get(n) != current.get(n)]
+
+
+class RunFolder:
+    """A run's folder: last.pt, the snapshots step_N.pt, averaged.pt, metrics.jsonl and a lock (chapter 13)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.last = self.path / "last.pt"
+        self.averaged = self.path / "averaged.pt"
+        self.metrics = self.path / "metrics.jsonl"
+
+    def snapshots(self) -> list[Path]:
+        """The model snapshots kept for averaging, oldest first."""
+        return sorted(self.path.glob("step_*.pt"))
+
+    def snapshot(self, checkpoint: dict[str, Any], step: int, keep: int) -> Path:
+        """Write step_N.pt, and delete all but the newest keep snapshots."""
+        path = write_checkpoint(checkpoint, self.path / f"step_{step:08d}.pt")
+        for old in self.snapshots()[:-keep]:
+            old.unlink()
+        return path
+
+    @contextlib.contextmanager
+    def claim(self, run_id: str, step: int, overwrite: bool) -> Iterator[None]:
+        """Hold the folder's lock while a run trains into it; refuse a folder of another run (chapter 13)."""
+        with self._lock():
+            self._make_room(run_id, step, overwrite)
+            yield
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path / ".lock", "a+")  # also proves that the folder can be written
+        except OSError as err:
+            raise ValueError(f"cannot write checkpoints to {self.path}: {err.strerror or err}; choose "
+                             f"a writable checkpoint_dir.") from None
+        with handle:
+            try:
+                import fcntl  # POSIX; the lock goes with the process, even a killed one
+            except ImportError:
+                fcntl = None
+            try:
+                if fcntl is not None:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                raise ValueError(f"another process (pid {handle.read().strip() or '?'}) is training into "
+                                 f"{self.path}; wait for it to finish, or choose another checkpoint_dir.") from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+            yield
+
+    def _make_room(self, run_id: str, step: int, overwrite: bool) -> None:
+        """A new run needs a folder without another run (or overwrite); a resumed one drops its lost future."""
+        files = [p for p in (self.last, *self.snapshots(), self.averaged, self.metrics) if p.exists()]
+        owner = _owner_of(self.last) if self.last.exists() else None  # (run id, step)
+        if files and (step == 0 or owner is None or owner[0] != run_id):
+            if not overwrite:
+                what = f"its last.pt is at step {owner[1]}" if owner else f"{len(files)} checkpoint file(s)"
+                raise ValueError(
+                    f"{self.path} holds another run ({what}). Continue it with --resume {self.last} "
+                    f"(Trainer.resume), start over with --overwrite (deletes its checkpoints), or "
+                    f"choose another checkpoint_dir.")
+            for path in files:
+                path.unlink()
+            return
+        for path in self.snapshots():  # taken after the step we resume from
+            if int(path.stem.split("_")[1]) > step:
+                path.unlink()
+        if self.metrics.exists():
+            rows = self.metrics.read_text(encoding="utf-8").splitlines(keepends=True)
+            self.metrics.write_text("".join(r for r in rows if json.loads(r)["step"] <= step), encoding="utf-8")
+
+
+def _owner_of(path: Path) -> tuple[str, int] | None:
+    """(run id, step) of a training checkpoint, or None if it is unreadable or has neither."""
+    try:
+        training = read_checkpoint(path).get("training") or {}
+    except (ValueError, OSError):
+        return None
+    return (training["run_id"], training["step"]) if "run_id" in training else None
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """fit() stopped at a signal, after writing its last complete update to a checkpoint (chapter 13)."""
+
+    def __init__(self, signum: int, step: int, path: Path | None, rank: int = 0) -> None:
+        self.signum, self.step, self.path, self.rank = signum, step, path, rank
+        saved = (f"; saved to {path}" if path is not None else "; rank 0 saved the checkpoint" if rank
+                 else "; no checkpoint_dir, nothing saved")
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}{saved}")
+
+
+@dataclass
+class StopRequest:
+    """What stop_on_signals notes: the first signal received, or None (chapter 13)."""
+
+    signum: int | None = None
+
+
+@contextlib.contextmanager
+def stop_on_signals(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[StopRequest]:
+    """Inside, a first SIGINT or SIGTERM only asks to stop; a second one stops at once (chapter 13)."""
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():  # only it may handle signals
+        yield request
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        if request.signum is not None:  # asked twice: do not wait for the update to end
+            raise KeyboardInterrupt
+        request.signum = signum
+
+    previous = {s: signal.signal(s, note) for s in signums}
+    try:
+        yield request
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def anyone_stops(stop: bool, device: torch.device) -> bool:
+    """Whether any process was asked to stop: under DDP all must stop after the same update (chapter 14)."""
+    if world()[1] == 1:
+        return stop
+    flag = torch.tensor([float(stop)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or the gradients stayed NaN or infinite, or the weights hold a NaN (chapter 13)."""
+
+
+def check_finite(trainer: Trainer, weights: bool = False) -> None:
+    """Stop a run whose last NONFINITE_PATIENCE updates were all skipped, or whose weights hold NaN or inf (chapter 13)."""
+    h, n, c = trainer.history, NONFINITE_PATIENCE, trainer.config
+    fp16 = autocast_dtype(c.amp, trainer.device) == torch.float16  # its scaler skips overflows on purpose
+    bad = [not math.isfinite(loss) or not (fp16 or math.isfinite(norm))
+           for loss, norm in zip(h["loss"][-n:], h["grad_norm"][-n:])]
+    broken = weights and not all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters())
+    if not broken and (len(bad) < n or not all(bad)):
+        return
+    peak = rate(c.warmup, trainer.model.config.d_model, c.warmup, c.factor)
+    folder = trainer.folder
+    kept = f" {folder.last} keeps the last good checkpoint." if folder and folder.last.exists() else ""
+    what = ("its weights hold NaN or inf" if broken else
+            f"the loss or gradient norm was NaN or inf in the last {n} updates, each one skipped")
+    fp16_note = ", or float16's narrow range (amp='fp16'; 'bf16' avoids it)" if fp16 else ""
+    raise NonFiniteLoss(
+        f"training stopped at step {trainer.step}: {what}. Likely causes: a learning rate too high "
+        f"(factor={c.factor}, warmup={c.warmup}: a peak rate of {peak:.2g}), exploding gradients "
+        f"(clip_norm={c.clip_norm}){fp16_note}.{kept}")
 
 
 def load_checkpoint_model(
@@ -307,8 +1019,7 @@ def load_checkpoint_model(
     saved = read_checkpoint(path)
     model = Transformer(TransformerConfig.from_dict(saved["config"]))
     load_state_dict_checked(model, saved["state_dict"])
-    tokenizer = saved.get("tokenizer")
-    tokenizer = tokenizer_from_dict(tokenizer) if tokenizer is not None else None
+    tokenizer = tokenizer_from_dict(saved["tokenizer"]) if saved.get("tokenizer") else None
     model.eval()
     return (model if map_location is None else model.to(map_location)), tokenizer
 
@@ -337,691 +1048,6 @@ def average_checkpoints(
              for k, v in total.items()}
     model = Transformer(TransformerConfig.from_dict(first["config"]))
     load_state_dict_checked(model, state)
-    tokenizer = first.get("tokenizer")
-    tokenizer = tokenizer_from_dict(tokenizer) if tokenizer is not None else None
+    tokenizer = tokenizer_from_dict(first["tokenizer"]) if first.get("tokenizer") else None
     model.eval()
     return (model if map_location is None else model.to(map_location)), tokenizer
-
-
-def _differences(saved: dict[str, Any], current: dict[str, Any], names: Iterable[str]) -> list[str]:
-    """'name=old there, new here' for each of names whose values differ (chapter 13)."""
-    return [f"{n}={saved.get(n)!r} there, {current.get(n)!r} here" for n in names if saved.get(n) != current.get(n)]
-
-
-def _set_epoch(loader: Iterable[Batch], epoch: int) -> None:
-    """Tell the loader's samplers which epoch comes next, so that they shuffle anew (chapter 13)."""
-    seen = set()
-    for part in (loader, getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
-        if part is not None and id(part) not in seen and callable(getattr(part, "set_epoch", None)):
-            part.set_epoch(epoch)
-            seen.add(id(part))
-
-
-class Trainer:
-    """The training loop: accumulation, clipping, autocast, DDP, validation, checkpoints, exact resume (chapter 13).
-
-    Args:
-        model: the Transformer to train (moved to the configured device).
-        config: a TrainConfig.
-        train_loader: an iterable of Batch, read again for each epoch; for an exact
-            resume its order must depend only on the epoch (set_epoch), as
-            make_loader's does.
-        valid_loader: Batches for the validation loss, or None.
-        tokenizer: stored in the checkpoints (its to_dict()), or None.
-        metric: metric(model) -> float, computed at each validation (e.g. exact
-            match), or None; metric_name names it in the log.
-        log: where log lines go (print by default, None for none); under DDP
-            only rank 0 logs.
-    """
-
-    def __init__(
-        self,
-        model: Transformer,
-        config: TrainConfig,
-        train_loader: Iterable[Batch],
-        valid_loader: Iterable[Batch] | None = None,
-        tokenizer: Any = None,
-        metric: Callable[[Transformer], float] | None = None,
-        log: Callable[[str], Any] | None = print,
-        metric_name: str = "metric",
-    ) -> None:
-        if not isinstance(model, Transformer):
-            raise ValueError(f"Trainer takes a Transformer, got {type(model).__name__}.")
-        if not isinstance(config, TrainConfig):
-            raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}.")
-        self.config = config
-        self.distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if self.distributed else 0
-        self.world_size = dist.get_world_size() if self.distributed else 1
-        self.device = pick_device(config.device)
-        self.amp_dtype = autocast_dtype(config.amp, self.device)
-        self.model = model.to(self.device)
-        if config.grad_checkpointing:
-            enable_grad_checkpointing(self.model)
-        self._module: nn.Module = self.model
-        if self.distributed:  # averages the gradients over the ranks during backward()
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self._module = DistributedDataParallel(self.model, device_ids=ids)
-        self._forward = torch.compile(self._module) if config.compile else self._module
-        self.optimizer = make_optimizer(self.model)
-        self.scheduler = make_scheduler(self.optimizer, model.config.d_model, config.warmup, config.factor)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
-        self.criterion = LabelSmoothingLoss(config.label_smoothing, ignore_index=model.config.pad_id,
-                                            reduction="sum")
-        self.train_loader, self.valid_loader = train_loader, valid_loader
-        self.tokenizer, self.metric, self.metric_name = tokenizer, metric, metric_name
-        self.log = log if self.rank == 0 else None
-        self.step = 0  # optimizer updates done
-        self.epoch = 0  # epoch of the training data being read
-        self.tokens = 0  # source and target tokens trained on, all ranks together
-        self.tokens_per_second = float("nan")
-        self.history: dict[str, list[float]] = {"step": [], "loss": [], "lr": [], "grad_norm": [],
-                                                "valid_step": [], "valid_loss": [], "metric": []}
-        self._batch_in_epoch = 0  # batches of this epoch read so far
-        self._batches: Iterator[Batch] | None = None
-        self._pending: list[tuple[int, Tensor, float, Tensor]] = []  # steps not yet in history
-        self._resume: tuple[bool, dict[str, Tensor]] | None = None
-        self._updating = False
-        self._bar: Any = None
-        torch.manual_seed(config.seed + self.rank)  # dropout; the weights came with the model
-        self._mark_boundary()
-
-    @property
-    def checkpoint_path(self) -> Path | None:
-        """The file fit() saves to, checkpoint_dir/last.pt, or None without a checkpoint_dir (chapter 13)."""
-        d = self.config.checkpoint_dir
-        return None if d is None else Path(d) / "last.pt"
-
-    def snapshot_paths(self) -> list[Path]:
-        """The model snapshots step_N.pt kept next to last.pt, oldest first (keep_checkpoints; chapter 13)."""
-        d = self.config.checkpoint_dir
-        return [] if d is None else sorted(Path(d).glob("step_*.pt"))
-
-    # -- data ---------------------------------------------------------------------------
-
-    def _open_epoch(self, skip: int) -> None:
-        _set_epoch(self.train_loader, self.epoch)
-        self._batches = iter(self.train_loader)
-        for i in range(skip):  # back to where the checkpoint was taken
-            if next(self._batches, None) is None:
-                raise ValueError(
-                    f"cannot resume: epoch {self.epoch} of the training data has {i} batches, but the "
-                    f"checkpoint was taken after {skip}; resume with the same data and max_tokens."
-                )
-
-    def _next_batch(self) -> Batch:
-        while True:
-            if self._batches is None:
-                self._open_epoch(skip=0)
-            batch = next(self._batches, None)
-            if batch is not None:
-                break
-            if self._batch_in_epoch == 0:
-                raise ValueError("the training loader yielded no batches.")
-            self.epoch, self._batch_in_epoch, self._batches = self.epoch + 1, 0, None
-        if not isinstance(batch, Batch):
-            raise ValueError(f"the training loader must yield aiayn.batching.Batch, got {type(batch).__name__}; "
-                             f"use make_loader, or a DataLoader with collate_fn=Collator(...).")
-        self._batch_in_epoch += 1
-        return batch
-
-    def _rng_state(self) -> dict[str, Tensor]:
-        state = {"cpu": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(self.device)
-        elif self.device.type == "mps":
-            state["mps"] = torch.mps.get_rng_state()
-        return state
-
-    def _set_rng(self, state: dict[str, Tensor]) -> None:
-        torch.set_rng_state(state["cpu"])
-        if self.device.type == "cuda" and "cuda" in state:
-            torch.cuda.set_rng_state(state["cuda"], self.device)
-        elif self.device.type == "mps" and "mps" in state:
-            torch.mps.set_rng_state(state["mps"])
-
-    def _mark_boundary(self) -> None:
-        """Note where data and random numbers stand between two updates: what a checkpoint stores."""
-        self._boundary = (self.epoch, self._batch_in_epoch, self._batches is not None, self._rng_state())
-
-    # -- one update ---------------------------------------------------------------------
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
-
-    def train_step(self) -> None:
-        """One optimizer update from accum_steps batches (per rank): mean loss per target token of all of them (chapter 13)."""
-        c = self.config
-        batches = [self._next_batch() for _ in range(c.accum_steps)]
-        counts = torch.tensor([sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches)],
-                              device=self.device)  # [2]
-        if self.distributed:
-            dist.all_reduce(counts)  # the whole step's tokens, over all ranks
-        n_target = counts[0].clamp(min=1).float()
-        # The loss is sum / n_target over the step's batches on every rank; DDP divides
-        # the summed gradients by world_size, so each rank divides by n_target / world_size.
-        denominator = n_target / self.world_size
-        loss_sum = torch.zeros((), device=self.device)
-        for i, batch in enumerate(batches):
-            batch = batch.to(self.device, non_blocking=True)
-            last = i == len(batches) - 1
-            no_sync = self._module.no_sync() if self.distributed and not last else contextlib.nullcontext()
-            with no_sync:  # gradients add up locally; the last backward() all-reduces them
-                with self._autocast():
-                    logits = self._forward(batch.src, batch.tgt_in)  # [batch, tgt_len, V]
-                loss = self.criterion(logits, batch.tgt_out)  # sum over real target tokens
-                self.scaler.scale(loss / denominator).backward()
-            loss_sum += loss.detach()
-        self.scaler.unscale_(self.optimizer)  # the true gradients, before clipping
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), c.clip_norm or math.inf)
-        lr = self.scheduler.get_last_lr()[0]  # the rate of this update
-        self._updating = True  # an interrupt from here on leaves no consistent state to save
-        self.scaler.step(self.optimizer)  # skipped if float16 gradients overflowed
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        if self.distributed:
-            dist.all_reduce(loss_sum)
-        self.step += 1
-        self._pending.append((self.step, loss_sum / n_target, lr, grad_norm.detach()))
-        self.tokens += int(counts.sum())
-        self._mark_boundary()
-        self._updating = False
-
-    def _flush(self) -> None:
-        """Move the pending steps' numbers into history, with one device sync for all of them."""
-        if not self._pending:
-            return
-        values = torch.stack([torch.stack([loss.float(), norm.float()]) for _, loss, _, norm in self._pending])
-        for (step, _, lr, _), (loss, norm) in zip(self._pending, values.tolist()):
-            self.history["step"].append(step)
-            self.history["loss"].append(loss)
-            self.history["lr"].append(lr)
-            self.history["grad_norm"].append(norm)
-        self._pending.clear()
-
-    # -- validation ---------------------------------------------------------------------
-
-    def _rng_fork(self) -> contextlib.AbstractContextManager:
-        if self.device.type == "cuda":
-            return torch.random.fork_rng(devices=[self.device], device_type="cuda")
-        return torch.random.fork_rng(devices=[])
-
-    @torch.no_grad()
-    def evaluate(self, loader: Iterable[Batch] | None = None) -> float:
-        """Mean loss per target token (label-smoothed, as in training) over loader, by default the validation batches (chapter 13)."""
-        loader = self.valid_loader if loader is None else loader
-        if loader is None:
-            raise ValueError("evaluate needs batches: pass a loader, or give the Trainer a valid_loader.")
-        was_training = self.model.training
-        self.model.eval()
-        total, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
-        try:
-            with self._rng_fork():  # leaves the training's random numbers alone
-                for batch in loader:
-                    batch = batch.to(self.device)
-                    with self._autocast():
-                        logits = self.model(batch.src, batch.tgt_in)  # [batch, tgt_len, V]
-                    total += self.criterion(logits, batch.tgt_out).double()
-                    count += batch.n_tgt_tokens
-        finally:
-            self.model.train(was_training)
-        return total.item() / max(count, 1)
-
-    def _validate(self) -> None:
-        """Validation loss and metric, into history and the log; on rank 0 only (chapter 13)."""
-        if self.rank != 0 or (self.valid_loader is None and self.metric is None):
-            return
-        valid_loss = self.evaluate() if self.valid_loader is not None else float("nan")
-        value = float("nan")
-        if self.metric is not None:
-            was_training = self.model.training
-            self.model.eval()
-            try:
-                with self._rng_fork(), torch.no_grad():
-                    value = float(self.metric(self.model))
-            finally:
-                self.model.train(was_training)
-        self.history["valid_step"].append(self.step)
-        self.history["valid_loss"].append(valid_loss)
-        self.history["metric"].append(value)
-        self._say(f"step {self.step:>6d} | valid loss {valid_loss:.4f}"
-                  + (f" | {self.metric_name} {value:.4f}" if self.metric is not None else ""))
-
-    # -- the loop -----------------------------------------------------------------------
-
-    def _say(self, message: str) -> None:
-        if self.log is None:
-            return
-        if self._bar is not None:
-            self._bar.write(message)
-        else:
-            self.log(message)
-
-    def fit(self) -> dict[str, list[float]]:
-        """Train until config.steps updates, logging, validating and checkpointing on the way (chapter 13).
-
-        Returns the history: per step its loss, learning rate and gradient norm
-        (before clipping); per validation its step, loss and metric. A Ctrl-C
-        (KeyboardInterrupt) first saves the last complete update (one process).
-        """
-        c = self.config
-        if self._resume is not None:  # data and random numbers to where the checkpoint left them
-            iterator_open, rng = self._resume
-            if iterator_open:
-                self._open_epoch(skip=self._batch_in_epoch)
-            self._set_rng(rng)
-            self._resume = None
-            self._mark_boundary()
-        self.model.train()
-        if c.progress and self.log is not None:
-            self._bar = tqdm(total=c.steps, initial=self.step, unit="step", dynamic_ncols=True)
-        last_save = -1
-        window_start, window_tokens = time.perf_counter(), self.tokens
-        try:
-            while self.step < c.steps:
-                self.train_step()
-                if self._bar is not None:
-                    self._bar.update(1)
-                final = self.step == c.steps
-                if (c.log_every and self.step % c.log_every == 0) or final:
-                    self._flush()
-                    now = time.perf_counter()
-                    self.tokens_per_second = (self.tokens - window_tokens) / max(now - window_start, 1e-9)
-                    window_start, window_tokens = now, self.tokens
-                    loss, lr = self.history["loss"][-1], self.history["lr"][-1]
-                    if self._bar is not None:
-                        self._bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{self.tokens_per_second:,.0f}",
-                                              lr=f"{lr:.2e}", refresh=False)
-                    self._say(f"step {self.step:>6d} | loss {loss:.4f} | lr {lr:.2e} | grad norm "
-                              f"{self.history['grad_norm'][-1]:.3f} | {self.tokens_per_second:,.0f} tok/s")
-                if (c.eval_every and self.step % c.eval_every == 0) or final:
-                    self._validate()
-                periodic = c.checkpoint_every and self.step % c.checkpoint_every == 0
-                if self.checkpoint_path is not None and (periodic or final):
-                    self.save_checkpoint()
-                    if periodic and c.keep_checkpoints:
-                        self._snapshot()
-                    last_save = self.step
-        except KeyboardInterrupt:
-            if (self.checkpoint_path is not None and self.world_size == 1 and not self._updating
-                    and last_save != self.step):
-                self._say(f"interrupted: saved step {self.step} to {self.save_checkpoint()}")
-            raise
-        finally:
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
-        self._flush()
-        return self.history
-
-    # -- checkpoints --------------------------------------------------------------------
-
-    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path | None:
-        """Write the model, tokenizer and training state after the last complete update to path (default checkpoint_path), atomically (chapter 13).
-
-        Under DDP every rank must call it (the ranks' random states are gathered);
-        rank 0 writes the file, the others return None.
-        """
-        self._flush()
-        epoch, batch_in_epoch, iterator_open, rng_state = self._boundary
-        rng = [rng_state]
-        if self.distributed:
-            rng = [None] * self.world_size
-            dist.all_gather_object(rng, rng_state)
-        if self.rank != 0:
-            return None
-        path = Path(path) if path is not None else self.checkpoint_path
-        if path is None:
-            raise ValueError("save_checkpoint needs a path, or a TrainConfig with a checkpoint_dir.")
-        training = {
-            "version": TRAINING_VERSION, "train_config": self.config.to_dict(), "step": self.step,
-            "epoch": epoch, "batch_in_epoch": batch_in_epoch, "iterator_open": iterator_open,
-            "tokens": self.tokens, "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "rng": [{k: v.cpu() for k, v in state.items()} for state in rng], "history": self.history,
-        }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_save({**self._model_part(), "training": training}, path)
-        return path
-
-    def _model_part(self) -> dict[str, Any]:
-        return {"format": CHECKPOINT_FORMAT, "config": self.model.config.to_dict(),
-                "state_dict": self.model.state_dict(),
-                "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None}
-
-    def _snapshot(self) -> None:
-        """A model-only step_N.pt next to last.pt; only the newest keep_checkpoints stay."""
-        path = Path(self.config.checkpoint_dir) / f"step_{self.step:08d}.pt"
-        _atomic_save(self._model_part(), path)
-        for old in self.snapshot_paths()[: -self.config.keep_checkpoints]:
-            old.unlink()
-
-    def load_checkpoint(self, path: str | os.PathLike) -> None:
-        """Continue from a checkpoint of save_checkpoint: weights, optimizer, schedule, scaler, data position, random numbers, history (chapter 13)."""
-        self._restore(read_checkpoint(path), path)
-
-    def _restore(self, saved: dict[str, Any], path: str | os.PathLike) -> None:
-        training = saved.get("training")
-        if not isinstance(training, dict) or training.get("version") != TRAINING_VERSION:
-            raise ValueError(
-                f"{path} holds a model but no training state of version {TRAINING_VERSION} (written by "
-                f"Transformer.save, or by another version); to start a new run from its weights, call "
-                f"model.load_weights(path) before creating the Trainer."
-            )
-        model_diff = _differences(saved["config"], self.model.config.to_dict(),
-                                  [f.name for f in dataclasses.fields(TransformerConfig)])
-        recipe_diff = _differences(training["train_config"], self.config.to_dict(), _RECIPE)
-        if model_diff or recipe_diff:
-            raise ValueError(
-                f"{path} comes from another configuration: {'; '.join(model_diff + recipe_diff)}. Resume with "
-                f"the configuration it was saved with (Trainer.resume(path, ...) rebuilds it from the file), "
-                f"or start a new run."
-            )
-        load_state_dict_checked(self.model, saved["state_dict"])
-        self.optimizer.load_state_dict(training["optimizer"])
-        self.scheduler.load_state_dict(training["scheduler"])
-        if training["scaler"] is not None and self.scaler.is_enabled():
-            self.scaler.load_state_dict(training["scaler"])
-        self.step, self.epoch, self.tokens = training["step"], training["epoch"], training["tokens"]
-        self._batch_in_epoch, self._batches, self._pending = training["batch_in_epoch"], None, []
-        self.history = {k: list(v) for k, v in training["history"].items()}
-        rng = training["rng"][self.rank % len(training["rng"])]  # this rank's state
-        self._resume = (bool(training["iterator_open"]), rng)
-        self._boundary = (self.epoch, self._batch_in_epoch, self._resume[0], rng)
-
-    @classmethod
-    def resume(
-        cls,
-        path: str | os.PathLike,
-        train_loader: Iterable[Batch],
-        valid_loader: Iterable[Batch] | None = None,
-        config: TrainConfig | None = None,
-        metric: Callable[[Transformer], float] | None = None,
-        log: Callable[[str], Any] | None = print,
-        metric_name: str = "metric",
-    ) -> Trainer:
-        """A Trainer rebuilt from a checkpoint: its model, tokenizer, TrainConfig (unless config is given) and state (chapter 13)."""
-        saved = read_checkpoint(path)
-        training = saved.get("training")
-        if config is None and isinstance(training, dict) and "train_config" in training:
-            config = TrainConfig.from_dict(training["train_config"])
-        if config is None:
-            raise ValueError(f"{path} holds no training state; start a new Trainer from its weights instead.")
-        model = Transformer(TransformerConfig.from_dict(saved["config"]))
-        tokenizer = saved.get("tokenizer")
-        tokenizer = tokenizer_from_dict(tokenizer) if tokenizer is not None else None
-        trainer = cls(model, config, train_loader, valid_loader, tokenizer, metric, log, metric_name)
-        trainer._restore(saved, path)
-        return trainer
-
-
-class _Checkpointed:
-    """Mixin: while training, run the layer's forward under torch.utils.checkpoint (chapter 13)."""
-
-    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
-        if self.training and torch.is_grad_enabled() and kwargs.get("cache") is None:
-            # Keep only the inputs; the backward pass runs forward again (same dropout masks).
-            return checkpoint(super().forward, *args, use_reentrant=False, **kwargs)
-        return super().forward(*args, **kwargs)
-
-
-_CHECKPOINTED: dict[type, type] = {}
-
-
-def enable_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
-    """Make every EncoderLayer and DecoderLayer of model recompute its activations in the backward pass (chapter 13).
-
-    Each layer's class becomes a subclass whose forward wraps the original in
-    torch.utils.checkpoint; parameters and state_dict keys do not change.
-    enable=False undoes it. Returns the number of layers changed.
-    """
-    changed = 0
-    for module in model.modules():
-        cls = type(module)
-        if enable and isinstance(module, (EncoderLayer, DecoderLayer)) and not isinstance(module, _Checkpointed):
-            if cls not in _CHECKPOINTED:
-                _CHECKPOINTED[cls] = type(f"Checkpointed{cls.__name__}", (_Checkpointed, cls), {})
-            module.__class__ = _CHECKPOINTED[cls]
-            changed += 1
-        elif not enable and isinstance(module, _Checkpointed):
-            module.__class__ = cls.__mro__[2]  # (Checkpointed<Layer>, _Checkpointed, <Layer>, ...)
-            changed += 1
-    return changed
-
-
-def saved_activation_bytes(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) -> int:
-    """Bytes of the distinct tensor storages that autograd keeps for the backward pass of fn() (chapter 13).
-
-    Storages of the tensors in exclude (pass the parameters) are not counted.
-    """
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    kept: dict[int, int] = {}
-
-    def pack(t: Tensor) -> Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in skip:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        result = fn()  # holds the graph, and so every saved tensor, until they are counted
-    del result
-    return sum(kept.values())
-
-
-@dataclass
-class Experiment:
-    """What a preset prepares: model config, tokenizer, data and training defaults (chapter 13)."""
-
-    model_config: TransformerConfig
-    tokenizer: Any
-    train_pairs: Pairs
-    valid_pairs: Pairs
-    train_config: TrainConfig
-    max_tokens: int = 4096
-    bucket_size: int | None = None  # TokenBatchSampler's: None sorts all, 1 mixes lengths
-    metric: Callable[[Transformer], float] | None = None
-    metric_name: str = "metric"
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named recipe for `python -m aiayn train --preset NAME` (chapter 13)."""
-
-    build: Callable[[argparse.Namespace], Experiment]
-    add_arguments: Callable[[Any], None] | None = None
-    help: str = ""
-
-
-PRESETS: dict[str, Preset] = {}
-
-
-def register_preset(
-    name: str,
-    build: Callable[[argparse.Namespace], Experiment],
-    add_arguments: Callable[[Any], None] | None = None,
-    help: str = "",
-) -> None:
-    """Make `python -m aiayn train --preset name` train the Experiment that build(args) returns (chapter 13).
-
-    add_arguments(group), if given, adds the preset's own options to an argparse
-    argument group; build receives all the parsed options. A module of the
-    package that registers a preset when it is imported is found by the command.
-    """
-    if not isinstance(name, str) or not name or any(ch.isspace() for ch in name):
-        raise ValueError(f"a preset name must be one word like 'copy', got {name!r}.")
-    if not callable(build):
-        raise ValueError(f"build must be a function build(args) -> Experiment, got {build!r}.")
-    PRESETS[name] = Preset(build, add_arguments, help)
-
-
-def _discover_presets() -> None:
-    """Import the package's modules, so that each registers its presets (chapter 13)."""
-    import aiayn
-
-    for info in pkgutil.iter_modules(aiayn.__path__):
-        if info.name != "__main__":
-            try:
-                import_module(f"aiayn.{info.name}")
-            except ImportError:  # e.g. a missing optional dependency: its presets are not offered
-                pass
-
-
-def _synthetic_arguments(group: Any) -> None:
-    group.add_argument("--n-symbols", type=int, default=10, help="symbols of the task (default 10)")
-    group.add_argument("--max-len", type=int, default=10, help="longest string (default 10)")
-    group.add_argument("--train-size", type=int, default=20_000, help="training pairs (default 20000)")
-    group.add_argument("--valid-size", type=int, default=500, help="validation pairs (default 500)")
-
-
-def _synthetic_preset(task: str) -> Callable[[argparse.Namespace], Experiment]:
-    def build(args: argparse.Namespace) -> Experiment:
-        tokenizer = synthetic_tokenizer(args.n_symbols)
-
-        def pairs(n: int, seed: int) -> Pairs:
-            return encode_pairs(tokenizer, synthetic_pairs(task, n, args.n_symbols, 1, args.max_len, seed=seed))
-
-        train, valid = pairs(args.train_size, 1), pairs(args.valid_size, 2)
-        config = TransformerConfig.tiny(tokenizer.vocab_size, max_len=args.max_len + 1)
-        train_config = TrainConfig(steps=400, warmup=100, factor=0.5, label_smoothing=0.1, clip_norm=1.0,
-                                   eval_every=40, log_every=40, checkpoint_every=40, keep_checkpoints=5,
-                                   checkpoint_dir=f"checkpoints/{task}")
-        return Experiment(config, tokenizer, train, valid, train_config, max_tokens=2048, bucket_size=1,
-                          metric=lambda model: exact_match(model, valid), metric_name="exact match")
-
-    return build
-
-
-for _task in TASKS:
-    register_preset(_task, _synthetic_preset(_task), _synthetic_arguments,
-                    help=f"the {_task} task on random strings of symbols, a tiny model, a minute on a CPU")
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m aiayn train",
-        description="Train a Transformer (chapter 13); without options, the copy task. On several GPUs "
-                    "or machines: torchrun --nproc_per_node N -m aiayn train [OPTIONS].",
-    )
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--task", choices=TASKS, help="a synthetic task: the same as --preset TASK")
-    which.add_argument("--preset", help="a registered recipe (default: copy); the list is below")
-    p.add_argument("--steps", type=int, help="optimizer updates")
-    p.add_argument("--warmup", type=int, help="warm-up steps of the schedule")
-    p.add_argument("--factor", type=float, help="factor of the schedule")
-    p.add_argument("--label-smoothing", type=float, help="eps_ls")
-    p.add_argument("--clip-norm", type=float, help="largest gradient norm (0: no clipping)")
-    p.add_argument("--accum-steps", type=int, help="batches per update")
-    p.add_argument("--max-tokens", type=int, help="positions per batch")
-    p.add_argument("--amp", choices=AMP_MODES, help="autocast precision (default auto)")
-    p.add_argument("--compile", action="store_true", default=None, help="use torch.compile")
-    p.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute activations")
-    p.add_argument("--eval-every", type=int, help="validate every N steps")
-    p.add_argument("--log-every", type=int, help="log every N steps")
-    p.add_argument("--checkpoint-every", type=int, help="checkpoint every N steps")
-    p.add_argument("--keep-checkpoints", type=int, help="snapshots kept for averaging")
-    p.add_argument("--checkpoint-dir", help="where last.pt goes (default checkpoints/PRESET)")
-    p.add_argument("--resume", metavar="PATH", help="continue from this checkpoint")
-    p.add_argument("--seed", type=int, help="seed of the weights, the data order and dropout")
-    p.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m aiayn train [OPTIONS]`: train a preset (copy by default) and write its checkpoints (chapter 13)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    asks_help = "-h" in argv or "--help" in argv
-    known, _ = _parser().parse_known_args([a for a in argv if a not in ("-h", "--help")])
-    name = known.task or known.preset or "copy"
-    if name not in PRESETS or asks_help:
-        _discover_presets()
-    parser = _parser()
-    parser.epilog = "presets: " + "; ".join(f"{n}: {p.help}" if p.help else n for n, p in sorted(PRESETS.items()))
-    if name not in PRESETS:
-        parser.error(f"unknown preset {name!r}; the presets are {sorted(PRESETS)}.")
-    preset = PRESETS[name]
-    if preset.add_arguments is not None:
-        preset.add_arguments(parser.add_argument_group(f"options of the preset {name}"))
-    args = parser.parse_args(argv)
-
-    device = pick_device(args.device or "auto")
-    rank, world_size = init_distributed(device)
-    try:
-        torch.manual_seed(args.seed or 0)  # the same initial weights on every rank
-        experiment = preset.build(args)
-        flags = {"steps": args.steps, "warmup": args.warmup, "factor": args.factor,
-                 "label_smoothing": args.label_smoothing, "accum_steps": args.accum_steps, "amp": args.amp,
-                 "compile": args.compile, "grad_checkpointing": args.grad_checkpointing,
-                 "eval_every": args.eval_every, "log_every": args.log_every,
-                 "checkpoint_every": args.checkpoint_every, "keep_checkpoints": args.keep_checkpoints,
-                 "checkpoint_dir": args.checkpoint_dir, "seed": args.seed, "device": str(device)}
-        given = {k: v for k, v in flags.items() if v is not None}  # the preset's values for the rest
-        if args.clip_norm is not None:
-            given["clip_norm"] = args.clip_norm or None  # 0 turns clipping off
-        if args.no_progress:
-            given["progress"] = False
-        config = dataclasses.replace(experiment.train_config, **given)
-        max_tokens = args.max_tokens or experiment.max_tokens
-        train_loader = make_loader(experiment.train_pairs, experiment.tokenizer, max_tokens, shuffle=True,
-                                   seed=config.seed, bucket_size=experiment.bucket_size,
-                                   num_replicas=world_size, rank=rank, pin_memory=device.type == "cuda")
-        valid_loader = make_loader(experiment.valid_pairs, experiment.tokenizer, max_tokens, shuffle=False)
-        extra = dict(metric=experiment.metric, metric_name=experiment.metric_name)
-        if args.resume:
-            trainer = Trainer.resume(args.resume, train_loader, valid_loader, config=config, **extra)
-        else:
-            trainer = Trainer(Transformer(experiment.model_config), config, train_loader, valid_loader,
-                              experiment.tokenizer, **extra)
-        if rank == 0:
-            print(f"training {name} on {device}" + (f" x {world_size} processes" if world_size > 1 else "")
-                  + f": {trainer.model.num_parameters():,} parameters, {config.steps} steps")
-        start = time.perf_counter()
-        history = trainer.fit()
-        if rank == 0:
-            summary = f"done in {time.perf_counter() - start:.1f} s"
-            if history["valid_loss"]:
-                summary += f"; valid loss {history['valid_loss'][-1]:.4f}"
-            if experiment.metric is not None and history["metric"]:
-                summary += f", {experiment.metric_name} {history['metric'][-1]:.4f}"
-            print(summary)
-            if trainer.checkpoint_path is not None:
-                print(f"checkpoint: {trainer.checkpoint_path}")
-            snapshots = trainer.snapshot_paths()
-            if len(snapshots) > 1:
-                model, tokenizer = average_checkpoints(snapshots, map_location=device)
-                path = trainer.checkpoint_path.with_name("averaged.pt")
-                _atomic_save({"format": CHECKPOINT_FORMAT, "config": model.config.to_dict(),
-                              "state_dict": model.state_dict(),
-                              "tokenizer": tokenizer.to_dict() if tokenizer is not None else None}, path)
-                line = f"average of the last {len(snapshots)} snapshots: {path}"
-                if experiment.metric is not None:
-                    line += f", {experiment.metric_name} {experiment.metric(model):.4f}"
-                print(line)
-    finally:
-        if world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
-
-
-def init_distributed(device: torch.device) -> tuple[int, int]:
-    """Join the process group that torchrun describes in its environment: nccl on CUDA, gloo on CPU (chapter 13).
-
-    Returns (rank, world_size); (0, 1) in a process that torchrun did not start.
-    """
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0, 1
-    if not dist.is_available():
-        raise ValueError("WORLD_SIZE > 1, but this PyTorch has no torch.distributed; run a single process.")
-    if device.type == "mps":
-        raise ValueError("DistributedDataParallel does not run on MPS; use --device cpu under torchrun.")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")  # env:// from torchrun
-    return dist.get_rank(), dist.get_world_size()
