@@ -120,43 +120,52 @@ def read_chapter(path: Path) -> Chapter:
     return Chapter(path, title, module, cells, reexport, commands)
 
 
-def continued_class(source: str) -> ast.ClassDef | None:
-    """The class statement of a cell that holds only `class Name(Name): ...`, else None."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.ClassDef):
-        return None
-    node = tree.body[0]
-    bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
-    return node if bases == [node.name] and len(node.bases) == 1 and not node.keywords else None
+def continues_a_class(node: ast.stmt) -> bool:
+    """Whether a top-level statement is `class Name(Name): ...`, which continues the class Name."""
+    if not isinstance(node, ast.ClassDef) or len(node.bases) != 1 or node.keywords:
+        return False
+    base = node.bases[0]
+    return isinstance(base, ast.Name) and base.id == node.name
 
 
 def merge_continued_classes(cells: list[str], rel: str) -> list[str]:
-    """Append the body of each `class Name(Name):` cell to the earlier cell that defines Name."""
+    """Move the body of each `class Name(Name):` to the end of the earlier class Name.
+
+    The other statements of a continuing cell stay where they are.
+    """
     merged: list[str] = []
     for source in cells:
-        node = continued_class(source)
-        if node is None:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
             merged.append(source)
             continue
-        if node.decorator_list or ast.get_docstring(node) is not None:
-            raise ExportError(f"{rel}: the cell continuing class {node.name} may hold methods only, "
-                              f"without decorators on the class or a docstring")
-        body = source.splitlines()[node.lineno:]  # the lines after `class Name(Name):`
-        for k in range(len(merged) - 1, -1, -1):
-            classes = [n for n in ast.parse(merged[k]).body
-                       if isinstance(n, ast.ClassDef) and n.name == node.name]
-            if classes:
-                lines = merged[k].splitlines()
-                end = classes[-1].end_lineno
-                merged[k] = "\n".join(lines[:end] + [""] + body + lines[end:])
-                break
-        else:
-            raise ExportError(f"{rel}: a cell continues class {node.name}, which no earlier "
-                              f"'{EXPORT_TAG}' cell of the chapter defines")
+        continued = [n for n in tree.body if continues_a_class(n)]
+        lines = source.splitlines()
+        for node in continued:
+            if node.decorator_list or ast.get_docstring(node) is not None:
+                raise ExportError(f"{rel}: the cell continuing class {node.name} may hold methods only, "
+                                  f"without decorators on the class or a docstring")
+            _append_to_class(merged, node.name, lines[node.lineno:node.end_lineno], rel)
+        for node in reversed(continued):
+            del lines[node.lineno - 1:node.end_lineno]
+        rest = re.sub(r"\n{4,}", "\n\n\n", "\n".join(lines)).strip("\n")
+        if rest:
+            merged.append(rest)
     return merged
+
+
+def _append_to_class(chunks: list[str], name: str, body: list[str], rel: str) -> None:
+    """Insert body (indented method lines) at the end of the last class `name` in chunks."""
+    for k in range(len(chunks) - 1, -1, -1):
+        classes = [n for n in ast.parse(chunks[k]).body if isinstance(n, ast.ClassDef) and n.name == name]
+        if classes:
+            lines = chunks[k].splitlines()
+            end = classes[-1].end_lineno
+            chunks[k] = "\n".join(lines[:end] + [""] + body + lines[end:])
+            return
+    raise ExportError(f"{rel}: a cell continues class {name}, which no earlier '{EXPORT_TAG}' cell "
+                      f"of the chapter defines")
 
 
 def module_text(chapter: Chapter) -> str:
@@ -200,10 +209,18 @@ def init_text(chapters: list[Chapter]) -> str:
     )
 
 
+def book_url() -> str:
+    """The address of the hosted book, from pyproject.toml's [project.urls] Book = "..."."""
+    pyproject = ROOT / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8") if pyproject.exists() else ""
+    match = re.search(r'^Book\s*=\s*"([^"]+)"', text, re.M)
+    return match.group(1) if match else ""
+
+
 def main_text(chapters: list[Chapter]) -> str:
     """The generated `python -m aiayn` dispatcher: one command per chapter function."""
     rows = "".join(
-        f'    "{name}": ("{c.module}", "{func}", "{c.rel}"),\n'
+        f'    "{name}": ("{c.module}", "{func}", "chapter {int(c.number)}, {c.title}"),\n'
         for c in chapters
         for name, func in sorted(c.commands.items())
     )
@@ -216,7 +233,9 @@ def main_text(chapters: list[Chapter]) -> str:
         "import sys\n"
         "from importlib import import_module\n"
         "\n"
-        "# command -> (module, function, the chapter that defines it)\n"
+        f'BOOK_URL = "{book_url()}"\n'
+        "\n"
+        "# command -> (module, function, the chapter of the book that explains it)\n"
         f"COMMANDS: dict[str, tuple[str, str, str]] = {{\n{rows}}}\n"
         "\n"
         "\n"
@@ -227,7 +246,8 @@ def main_text(chapters: list[Chapter]) -> str:
         '    if not argv or argv[0] in ("-h", "--help"):\n'
         "        print(usage)\n"
         "        for name, (module, func, chapter) in COMMANDS.items():\n"
-        '            print(f"  {name:12s} {module}.{func}, from {chapter}")\n'
+        '            print(f"  {name:12s} {module}.{func}: {chapter}")\n'
+        '        print(f"The book: {BOOK_URL}")\n'
         "        return 0 if argv else 2\n"
         "    if argv[0] not in COMMANDS:\n"
         '        print(f"unknown command {argv[0]!r}; {usage}", file=sys.stderr)\n'

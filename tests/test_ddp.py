@@ -1,11 +1,14 @@
-"""Data-parallel training (chapter 13): two processes under torchrun, gloo on the CPU."""
+"""Data-parallel training (chapter 14): two processes under torchrun, gloo on the CPU."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +32,8 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
 
     from aiayn import Transformer, TransformerConfig
-    from aiayn.train import (TrainConfig, Trainer, encode_pairs, init_distributed, make_loader,
+    from aiayn.engine import init_distributed
+    from aiayn.train import (TrainConfig, Trainer, encode_pairs, make_loader,
                              pick_device, synthetic_pairs, synthetic_tokenizer)
 
     out = Path(sys.argv[1])
@@ -75,7 +79,11 @@ def test_two_processes_train_like_one_process_with_twice_the_batch(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     # Rank 0 alone logs and writes the checkpoint.
     assert sum(line.startswith("step") for line in result.stdout.splitlines()) == STEPS
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["last.pt"]
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir() if p.name != "tensorboard") == [".lock", "last.pt",
+                                                                                   "metrics.jsonl"]
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "loss" in row] == list(range(1, STEPS + 1))  # rank 0 alone
 
     rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
@@ -99,3 +107,25 @@ def test_two_processes_train_like_one_process_with_twice_the_batch(tmp_path):
     ours, theirs = flat(reference.model.state_dict()), flat(rank0)
     relative = ((ours - theirs).norm() / ours.norm()).item()
     assert relative < 1e-4, relative
+
+
+@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed")
+def test_sigterm_stops_all_processes_after_the_same_update_and_rank_0_saves(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "aiayn",
+         "train", "--task", "copy", "--steps", "3000", "--device", "cpu", "--no-progress", "--log-every", "5",
+         "--checkpoint-every", "1000", "--train-size", "2000", "--valid-size", "50", "--checkpoint-dir", "run"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count('"loss"') >= 10):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.2)
+    run.send_signal(signal.SIGTERM)  # torchrun passes it on to both processes
+    _, err = run.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    assert len(lines) == 1 and "saved to run/last.pt" in lines[0], err  # rank 0 alone reports
+    saved = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["training"]
+    assert saved["step"] >= 10 and len(saved["rng"]) == 2  # both processes' random states
+    assert f"after step {saved['step']};" in lines[0]  # saved at the step where both stopped

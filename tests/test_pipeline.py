@@ -122,7 +122,8 @@ def test_commands_dispatch_to_chapter_functions(demo_tree: Path) -> None:
                                        capture_output=True, text=True)
     assert run("twice", "21").stdout == "42\n"
     listing = run("--help")
-    assert listing.returncode == 0 and "twice" in listing.stdout and "aiayn.demo.cli, from book/01_demo.md" in listing.stdout
+    assert listing.returncode == 0 and "twice" in listing.stdout and "aiayn.demo.cli: chapter 1, A demo chapter" in listing.stdout
+    assert "book/" not in listing.stdout and "The book: https://" in listing.stdout
     unknown = run("thrice")
     assert unknown.returncode == 2 and "unknown command 'thrice'" in unknown.stderr
 
@@ -141,10 +142,17 @@ Prose between the two halves of the class.
 
 ```{code-cell} ipython3
 :tags: [export]
+STEP = 1
+
+
 class Counter(Counter):  # continued
     def add(self, k: int) -> int:
         self.n += k
         return self.n
+
+
+def twice(c: Counter) -> int:
+    return c.add(STEP) + c.add(STEP)
 ```
 
 ```{code-cell} ipython3
@@ -160,7 +168,9 @@ def test_a_class_continued_in_a_later_cell_becomes_one_class(demo_tree: Path) ->
     module = (demo_tree / "src/aiayn/demo.py").read_text()
     assert "class Counter(Counter)" not in module and module.count("class Counter") == 1
     assert "        self.n = 0\n\n    def add(self, k: int) -> int:\n" in module
-    code = "from aiayn.demo import Counter; c = Counter(); assert c.add(2) == 2 and Counter.__bases__ == (object,)"
+    assert "STEP = 1\n\n\ndef twice(c: Counter) -> int:" in module
+    code = ("from aiayn.demo import Counter, twice; c = Counter(); assert c.add(2) == 2 and twice(c) == 7 "
+            "and Counter.__bases__ == (object,)")
     result = subprocess.run([sys.executable, "-c", code], cwd=demo_tree, env={"PYTHONPATH": str(demo_tree / "src")},
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -6,11 +6,13 @@ from __future__ import annotations
 import sys
 from importlib import import_module
 
-# command -> (module, function, the chapter that defines it)
+BOOK_URL = "https://literate-transformer.github.io/aiayn"
+
+# command -> (module, function, the chapter of the book that explains it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "train": ("aiayn.train", "main", "book/13_training.md"),
-    "translate": ("aiayn.decoding", "main", "book/15_decoding.md"),
-    "bleu": ("aiayn.data", "main", "book/16_translation.md"),
+    "train": ("aiayn.engine", "main", "chapter 14, Training for real"),
+    "translate": ("aiayn.decoding", "main", "chapter 15, Decoding with greedy search, beam search, sampling and the KV cache"),
+    "bleu": ("aiayn.data", "main", "chapter 16, Translating German to English: Multi30k end to end"),
 }
 
 
@@ -21,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         for name, (module, func, chapter) in COMMANDS.items():
-            print(f"  {name:12s} {module}.{func}, from {chapter}")
+            print(f"  {name:12s} {module}.{func}: {chapter}")
+        print(f"The book: {BOOK_URL}")
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
         print(f"unknown command {argv[0]!r}; {usage}", file=sys.stderr)

@@ -1,0 +1,226 @@
+"""Tests of aiayn.engine (chapter 14): the command line and its faults, activation checkpointing."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn import Transformer, TransformerConfig
+from aiayn.batching import make_batch
+from aiayn.engine import PRESETS, enable_grad_checkpointing, main, saved_activation_bytes
+from aiayn.model import read_checkpoint
+from aiayn.train import encode_pairs, greedy_decode, load_checkpoint_model, synthetic_pairs, synthetic_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["--train-size", "2000", "--valid-size", "50", "--no-progress"]  # a quick copy task
+
+
+def train(*args: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    """python -m aiayn train ARGS in a subprocess, one thread, as a user would run it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "aiayn", "train", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=timeout)
+
+
+# --- the command line --------------------------------------------------------------------------------
+
+def test_the_copy_task_trains_and_writes_a_loadable_checkpoint(tmp_path):
+    result = train("--task", "copy", "--steps", "30", "--checkpoint-dir", "run", *SMALL, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "training copy on cpu, 1 CPU thread(s)" in result.stdout and "exact match" in result.stdout
+    model, tokenizer = load_checkpoint_model(tmp_path / "run" / "last.pt")
+    src = torch.tensor([tokenizer.encode("3 1 4 1 5")])
+    assert greedy_decode(model, src, max_len=8).shape[0] == 1
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()
+
+
+def test_help_is_the_same_whatever_the_process_imported(tmp_path):
+    def help_text(prefix: str, *args: str) -> str:
+        code = f"{prefix}import sys; from aiayn.engine import main; sys.exit(main({list(args)!r}))"
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    fresh = help_text("", "--help")
+    assert fresh == help_text("import aiayn.data, aiayn.viz; ", "--help")
+    assert all(name in fresh for name in PRESETS) and "--n-symbols" in fresh  # copy, the default preset
+    assert "https://literate-transformer.github.io/aiayn" in fresh and "book/" not in fresh
+    multi30k = help_text("", "--preset", "multi30k-de-en", "--help")
+    assert "--vocab-size" in multi30k and "--n-symbols" not in multi30k
+    overall = subprocess.run([sys.executable, "-m", "aiayn", "--help"], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=60).stdout
+    assert "train" in overall and "book/" not in overall and ".md" not in overall
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--device", "cuda:99"], "device 'cuda:99'"),
+    (["--steps", "0"], "steps must be an int >= 1, got 0"),
+    (["--warmup", "-3"], "warmup must be an int >= 1"),
+    (["--resume", "nothing/last.pt"], "no checkpoint at nothing/last.pt"),
+])
+def test_user_errors_are_one_line_and_exit_code_2(tmp_path, capsys, flags, message):
+    assert main([*flags, "--checkpoint-dir", str(tmp_path / "run"), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flags, message", [(["--amp", "fp8"], "invalid choice: 'fp8'"),
+                                            (["--preset", "sort"], "unknown preset 'sort'")])
+def test_flags_argparse_refuses_exit_with_code_2(capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(flags)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_damaged_checkpoint_is_one_error_line(tmp_path):
+    assert train("--task", "copy", "--steps", "4", "--checkpoint-dir", "run", *SMALL, cwd=tmp_path).returncode == 0
+    data = bytearray((tmp_path / "run" / "last.pt").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (tmp_path / "run" / "last.pt").write_bytes(bytes(data))
+    result = train("--resume", "run", "--steps", "8", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error: ") and "damaged" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# --- the faults of chapter 14, each reproduced through the command --------------------------------
+
+def test_divergence_stops_with_exit_code_1_and_never_writes_nan(tmp_path):
+    result = train("--task", "copy", "--steps", "20", "--factor", "1e30", "--clip-norm", "0",
+                   "--keep-checkpoints", "0", "--checkpoint-dir", "run", *SMALL, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "error: training stopped at step" in result.stderr and "learning rate too high" in result.stderr
+    assert not (tmp_path / "run" / "last.pt").exists()  # diverged before its first checkpoint
+
+
+def test_a_fresh_run_refuses_a_folder_of_another_run(tmp_path):
+    first = train("--task", "copy", "--steps", "60", "--checkpoint-every", "10", "--keep-checkpoints", "3",
+                  "--checkpoint-dir", "D", *SMALL, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = train("--task", "copy", "--steps", "20", "--seed", "5", "--checkpoint-dir", "D", *SMALL, cwd=tmp_path)
+    assert second.returncode == 2
+    assert "D holds another run (its last.pt is at step 60)" in second.stderr and "--overwrite" in second.stderr
+    assert sorted(p.name for p in (tmp_path / "D").glob("step_*.pt")) == [
+        "step_00000040.pt", "step_00000050.pt", "step_00000060.pt"]  # untouched
+    third = train("--task", "copy", "--steps", "20", "--seed", "5", "--checkpoint-every", "10",
+                  "--keep-checkpoints", "3", "--checkpoint-dir", "D", "--overwrite", *SMALL, cwd=tmp_path)
+    assert third.returncode == 0, third.stderr
+    assert sorted(p.name for p in (tmp_path / "D").glob("step_*.pt")) == ["step_00000010.pt", "step_00000020.pt"]
+    assert "average of the last 2 snapshots" in third.stdout  # its own two, not the first run's
+    assert read_checkpoint(tmp_path / "D" / "averaged.pt")["config"] == read_checkpoint(
+        tmp_path / "D" / "last.pt")["config"]
+
+
+def start_background_run(tmp_path: Path, folder: str) -> subprocess.Popen:
+    """A long copy run in a subprocess, returned once it has logged 10 updates."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen([sys.executable, "-m", "aiayn", "train", "--task", "copy", "--steps", "3000",
+                            "--checkpoint-dir", folder, "--log-every", "5", "--checkpoint-every", "1000",
+                            *SMALL], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    metrics = tmp_path / folder / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count('"loss"') >= 10):
+        assert run.poll() is None, run.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return run
+
+
+def test_sigterm_saves_the_run_which_resumes_exactly(tmp_path):
+    run = start_background_run(tmp_path, "long")
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert err.count("\n") == 1 and err.startswith("interrupted: stopped by SIGTERM after step ")
+    step = read_checkpoint(tmp_path / "long" / "last.pt")["training"]["step"]
+    assert f"after step {step}; saved to long/last.pt; continue with --resume long/last.pt" in err
+    assert 10 <= step < 60
+    resumed = train("--resume", "long", "--steps", "60", cwd=tmp_path)
+    fresh = train("--task", "copy", "--steps", "60", "--checkpoint-dir", "fresh", "--log-every", "5",
+                  "--checkpoint-every", "1000", *SMALL, cwd=tmp_path)
+    assert resumed.returncode == 0 and fresh.returncode == 0, resumed.stderr + fresh.stderr
+    a, b = (read_checkpoint(tmp_path / name / "last.pt") for name in ("long", "fresh"))
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    assert a["training"]["history"]["loss"] == b["training"]["history"]["loss"]
+
+
+def test_a_second_run_in_the_same_folder_is_refused_by_the_lock(tmp_path):
+    run = start_background_run(tmp_path, "busy")
+    try:
+        second = train("--task", "copy", "--steps", "5", "--checkpoint-dir", "busy", *SMALL, cwd=tmp_path)
+        assert second.returncode == 2
+        assert f"another process (pid {run.pid}) is training into busy" in second.stderr
+    finally:
+        run.send_signal(signal.SIGTERM)
+        run.communicate(timeout=120)
+    assert run.returncode == 143  # the first run was not disturbed, and stopped cleanly
+
+
+def test_an_unwritable_folder_fails_before_training(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = train("--task", "copy", "--checkpoint-dir", "file/run", *SMALL, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error: cannot write checkpoints to file/run")
+    assert "| loss" not in result.stdout  # not a single update was spent
+
+
+def test_resuming_with_another_task_or_other_data_names_the_difference(tmp_path):
+    assert train("--task", "copy", "--steps", "4", "--checkpoint-dir", "run", *SMALL, cwd=tmp_path).returncode == 0
+    other_task = train("--resume", "run", "--task", "reverse", cwd=tmp_path)
+    assert other_task.returncode == 2 and "trained with the preset 'copy', not 'reverse'" in other_task.stderr
+    other_size = train("--resume", "run", "--n-symbols", "12", cwd=tmp_path)
+    assert other_size.returncode == 2 and "--n-symbols 10 there, 12 here" in other_size.stderr
+    other_batches = train("--resume", "run", "--max-tokens", "1024", "--steps", "8", cwd=tmp_path)
+    assert other_batches.returncode == 2 and "data max_tokens=2048 there, 1024 here" in other_batches.stderr
+    same = train("--resume", "run/last.pt", "--steps", "8", "--train-size", "2000", cwd=tmp_path)
+    assert same.returncode == 0, same.stderr  # the same options, given again, are fine
+    assert "from step 4 to 8" in same.stdout
+
+
+def test_threads_flag_and_default(tmp_path):
+    result = train("--task", "copy", "--steps", "2", "--threads", "2", "--checkpoint-dir", "run", *SMALL,
+                   cwd=tmp_path)
+    assert result.returncode == 0 and "2 CPU thread(s)" in result.stdout
+    before = torch.get_num_threads()
+    assert main(["--task", "copy", "--steps", "1", "--checkpoint-dir", str(tmp_path / "r2"), *SMALL]) == 0
+    assert torch.get_num_threads() == before  # main gives the process its threads back
+
+
+# --- activation checkpointing ------------------------------------------------------------------------
+
+def test_grad_checkpointing_gives_identical_gradients_and_saves_memory():
+    tokenizer = synthetic_tokenizer(10)
+    pairs = encode_pairs(tokenizer, synthetic_pairs("reverse", 64, n_symbols=10, max_len=8, seed=1))
+    torch.manual_seed(0)
+    plain = Transformer(TransformerConfig.tiny(tokenizer.vocab_size, max_len=9, dropout=0.1))
+    checkpointed = copy.deepcopy(plain)
+    assert enable_grad_checkpointing(checkpointed) == 4
+    assert list(checkpointed.state_dict()) == list(plain.state_dict())
+    batch = make_batch(pairs[:32], 0, 1, 2)
+
+    def loss_of(model):
+        torch.manual_seed(1)  # the same dropout masks for both
+        return model(batch.src, batch.tgt_in).square().mean()
+
+    loss_of(plain).backward()
+    loss_of(checkpointed).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(plain.parameters(), checkpointed.parameters()))
+    kept_plain = saved_activation_bytes(lambda: loss_of(plain), exclude=plain.parameters())
+    kept_ckpt = saved_activation_bytes(lambda: loss_of(checkpointed), exclude=checkpointed.parameters())
+    assert kept_ckpt < kept_plain / 4
+    assert enable_grad_checkpointing(checkpointed, enable=False) == 4
+    assert type(checkpointed.encoder.layers[0]) is type(plain.encoder.layers[0])
+
+
+def test_grad_checkpointing_from_the_command_line(tmp_path):
+    result = train("--task", "copy", "--steps", "3", "--grad-checkpointing", "--checkpoint-dir", "run", *SMALL,
+                   cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
