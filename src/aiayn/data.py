@@ -28,8 +28,8 @@ from torch import Tensor
 
 from aiayn.decoding import translate
 from aiayn.model import Transformer, TransformerConfig, checkpoint_dict, write_checkpoint
-from aiayn.train import (Experiment, TrainConfig, Trainer, load_checkpoint_model, make_loader, pick_device,
-                         register_preset)
+from aiayn.engine import Experiment
+from aiayn.train import TrainConfig, Trainer, load_checkpoint_model, make_loader, pick_device
 
 __all__ = [
     "BOOK_RECIPE",
@@ -58,6 +58,8 @@ __all__ = [
     "load_multi30k",
     "main",
     "multi30k_dir",
+    "multi30k_experiment",
+    "multi30k_options",
     "normalize",
     "prepare_multi30k",
     "read_lines",
@@ -570,44 +572,44 @@ def evaluate_bleu(
     return BleuResult(score, lowercase_score, signature, lowercase_signature, hypotheses, method)
 
 
-def _preset_arguments(group: Any) -> None:
-    """The options of the Multi30k presets (chapter 16)."""
-    group.add_argument("--data-dir", help=f"the Multi30k directory (default: ${DATA_ENV}, else download to the cache)")
-    group.add_argument("--model", choices=list(RECIPES), default="gpu",
-                       help="gpu: the 10-minute GPU recipe (default); book: chapter 16's CPU model; tiny: for tests")
-    group.add_argument("--vocab-size", type=int, help="joint subword vocabulary (default: the recipe's)")
-    group.add_argument("--train-size", type=int, help="train on the first N training pairs only")
-    group.add_argument("--bleu-size", type=int, help="validation sentences scored by BLEU (default: all 1,014)")
+def multi30k_options(group: Any) -> None:
+    """The flags of the Multi30k presets of `python -m aiayn train` (chapters 14, 16)."""
+    quiet = argparse.SUPPRESS  # a flag that is not given is not in the options
+    group.add_argument("--data-dir", default=quiet,
+                       help=f"the Multi30k directory (default: ${DATA_ENV}, else download to the cache)")
+    group.add_argument("--model", choices=list(RECIPES), default=quiet,
+                       help="gpu: the 49M-parameter recipe; book: this chapter's 5M model, minutes on a "
+                            "CPU; tiny: for tests (default: gpu on a GPU, book elsewhere)")
+    group.add_argument("--vocab-size", type=int, default=quiet, help="joint subword vocabulary (default: the recipe's)")
+    group.add_argument("--train-size", type=int, default=quiet, help="train on the first N training pairs only")
+    group.add_argument("--bleu-size", type=int, default=quiet,
+                       help="validation sentences scored by BLEU (default: all 1,014)")
 
 
-def _multi30k_preset(direction: str) -> Callable[[argparse.Namespace], Experiment]:
-    """The build function of the preset multi30k-DIRECTION (chapter 16)."""
-
-    def build(args: argparse.Namespace) -> Experiment:
-        recipe = dataclasses.replace(RECIPES[args.model], direction=direction)
-        if args.vocab_size is not None:
-            recipe = dataclasses.replace(recipe, vocab_size=args.vocab_size)
-        tokenizer, train, valid = prepare_multi30k(recipe, args.data_dir, args.train_size)
-        on_gpu = pick_device(args.device or "auto").type == "cuda"
-        if args.model == "gpu":
-            periods = dict(log_every=100, eval_every=500, checkpoint_every=250)
-        else:
-            periods = dict(log_every=max(1, recipe.steps // 10), eval_every=recipe.steps,
-                           checkpoint_every=max(1, recipe.steps // 5))
-        config = recipe.train_config(amp="auto", compile=on_gpu and args.model == "gpu", keep_checkpoints=5,
-                                     checkpoint_dir=f"checkpoints/multi30k-{direction}", **periods)
-        scored = valid[: args.bleu_size] if args.bleu_size else valid
-        return Experiment(recipe.model_config(tokenizer.vocab_size), tokenizer, encode_text_pairs(tokenizer, train),
-                          encode_text_pairs(tokenizer, valid), config, max_tokens=recipe.max_tokens,
-                          metric=lambda model: evaluate_bleu(model, tokenizer, scored).score,
-                          metric_name="valid BLEU")
-
-    return build
-
-
-for _direction in DIRECTIONS:
-    register_preset(f"multi30k-{_direction}", _multi30k_preset(_direction), _preset_arguments,
-                    help=f"Multi30k {_direction}, joint subword vocabulary; about 10 minutes on one GPU")
+def multi30k_experiment(name: str, options: dict[str, Any], device: torch.device) -> Experiment:
+    """The preset multi30k-DIRECTION: the recipe that fits the device, valid BLEU as the metric (chapters 14, 16)."""
+    model = options.get("model") or ("gpu" if device.type == "cuda" else "book")
+    if model == "gpu" and device.type != "cuda":
+        print("warning: the gpu recipe (49M parameters) takes about 70 s a step on a 2-core CPU, days "
+              "for its 4,000 steps; --model book trains this chapter's 5M model in minutes.", file=sys.stderr)
+    sizes = {"vocab_size": options["vocab_size"]} if options.get("vocab_size") else {}
+    recipe = dataclasses.replace(RECIPES[model], direction=name.removeprefix("multi30k-"), **sizes)
+    tokenizer, train, valid = prepare_multi30k(recipe, options.get("data_dir"), options.get("train_size"))
+    if model == "gpu":
+        periods = dict(log_every=100, eval_every=500, checkpoint_every=250)
+    else:
+        periods = dict(log_every=max(1, recipe.steps // 10), eval_every=recipe.steps,
+                       checkpoint_every=max(1, recipe.steps // 5))
+    amp = "auto" if device.type != "cpu" else "bf16" if cpu_has_bf16() else "off"  # as train_multi30k
+    config = recipe.train_config(amp=amp, compile=device.type == "cuda" and model == "gpu", keep_checkpoints=5,
+                                 **periods)
+    scored = valid[: options["bleu_size"]] if options.get("bleu_size") else valid
+    kept = {"model": model, "vocab_size": recipe.vocab_size, "train_size": options.get("train_size"),
+            "bleu_size": options.get("bleu_size")}  # what decides the model and the data
+    return Experiment(recipe.model_config(tokenizer.vocab_size), tokenizer, encode_text_pairs(tokenizer, train),
+                      encode_text_pairs(tokenizer, valid), config, max_tokens=recipe.max_tokens,
+                      metric=lambda m: evaluate_bleu(m, tokenizer, scored).score, metric_name="valid BLEU",
+                      options=kept)
 
 
 def _parser() -> argparse.ArgumentParser:

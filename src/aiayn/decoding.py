@@ -548,11 +548,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     path = Path(args.checkpoint)
-    if path.is_dir():  # a checkpoint directory of chapter 13: its latest checkpoint
+    if path.is_dir():  # a run's folder (chapter 14): its latest checkpoint
         path = path / "last.pt"
     if not path.is_file():
         return fail(f"no checkpoint file at {path}; write one with `python -m aiayn train "
-                    f"--checkpoint-dir DIR` (chapter 13) and pass DIR/last.pt, or DIR itself.")
+                    f"--checkpoint-dir DIR` (chapter 14) and pass DIR/last.pt, or DIR itself.")
     texts = list(args.text) if args.text else _split_lines(sys.stdin.read())
     if not any(text.strip() for text in texts):
         return fail("nothing to translate: give the texts as arguments, or as lines on standard input.")
