@@ -153,6 +153,15 @@ def test_sigterm_saves_the_run_which_resumes_exactly(tmp_path):
     assert a["training"]["history"]["loss"] == b["training"]["history"]["loss"]
 
 
+def test_ctrl_c_saves_the_run_in_one_line_with_exit_code_130(tmp_path):
+    run = start_background_run(tmp_path, "run")
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 130 and err.startswith("interrupted: stopped by SIGINT after step ")
+    assert err.count("\n") == 1 and "Traceback" not in err  # one line, not a traceback
+    assert read_checkpoint(tmp_path / "run" / "last.pt")["training"]["step"] >= 10
+
+
 def test_a_second_run_in_the_same_folder_is_refused_by_the_lock(tmp_path):
     run = start_background_run(tmp_path, "busy")
     try:

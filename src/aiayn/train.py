@@ -594,7 +594,7 @@ class Trainer:
         c = self.config
         self.model.train()
         with self._claim_folder(), stop_on_signals() as stop, self.log.progress(c.steps, self.step, c.progress):
-            while self.step < c.steps and not anyone_stops(stop.signum is not None, self.device):
+            while self.step < c.steps and not anyone_stops(stop.signum is not None, self.device, self.step):
                 self.train_step()
                 self._after_step()
             if self.step < c.steps:
@@ -978,10 +978,16 @@ def stop_on_signals(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) ->
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
-def anyone_stops(stop: bool, device: torch.device) -> bool:
-    """Whether any process was asked to stop: under DDP all must stop after the same update (chapter 14)."""
+def anyone_stops(stop: bool, device: torch.device, step: int) -> bool:
+    """Whether any process was asked to stop: under DDP all must stop after the same update (chapter 14).
+
+    Under DDP the processes compare their flags every FLUSH_EVERY updates: reading the
+    result makes the CPU wait for the device.
+    """
     if world()[1] == 1:
         return stop
+    if step % FLUSH_EVERY:
+        return False
     flag = torch.tensor([float(stop)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
