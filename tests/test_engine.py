@@ -30,6 +30,13 @@ def train(*args: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedPr
                           cwd=cwd, env=env, timeout=timeout)
 
 
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    """main(ARGS) in this process (no interpreter to start): exit code, stdout, stderr."""
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 # --- the command line --------------------------------------------------------------------------------
 
 def test_the_copy_task_trains_and_writes_a_loadable_checkpoint(tmp_path):
@@ -81,42 +88,37 @@ def test_flags_argparse_refuses_exit_with_code_2(capsys, flags, message):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_a_damaged_checkpoint_is_one_error_line(tmp_path):
-    assert train("--task", "copy", "--steps", "4", "--checkpoint-dir", "run", *SMALL, cwd=tmp_path).returncode == 0
+def test_a_damaged_checkpoint_is_one_error_line(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    assert run_main(capsys, "--task", "copy", "--steps", "4", "--checkpoint-dir", run, *SMALL)[0] == 0
     data = bytearray((tmp_path / "run" / "last.pt").read_bytes())
     data[len(data) // 2] ^= 0x01
     (tmp_path / "run" / "last.pt").write_bytes(bytes(data))
-    result = train("--resume", "run", "--steps", "8", cwd=tmp_path)
-    assert result.returncode == 2 and result.stderr.startswith("error: ") and "damaged" in result.stderr
-    assert "Traceback" not in result.stderr
+    code, _, err = run_main(capsys, "--resume", run, "--steps", "8")
+    assert code == 2 and err.startswith("error: ") and "damaged" in err and err.count("\n") == 1
 
 
 # --- the faults of chapter 14, each reproduced through the command --------------------------------
 
-def test_divergence_stops_with_exit_code_1_and_never_writes_nan(tmp_path):
-    result = train("--task", "copy", "--steps", "20", "--factor", "1e30", "--clip-norm", "0",
-                   "--keep-checkpoints", "0", "--checkpoint-dir", "run", *SMALL, cwd=tmp_path)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "error: training stopped at step" in result.stderr and "learning rate too high" in result.stderr
+def test_divergence_stops_with_exit_code_1_and_never_writes_nan(tmp_path, capsys):
+    code, _, err = run_main(capsys, "--task", "copy", "--steps", "20", "--factor", "1e30", "--clip-norm", "0",
+                            "--keep-checkpoints", "0", "--checkpoint-dir", str(tmp_path / "run"), *SMALL)
+    assert code == 1 and "error: training stopped at step" in err and "learning rate too high" in err
     assert not (tmp_path / "run" / "last.pt").exists()  # diverged before its first checkpoint
 
 
-def test_a_fresh_run_refuses_a_folder_of_another_run(tmp_path):
-    first = train("--task", "copy", "--steps", "60", "--checkpoint-every", "10", "--keep-checkpoints", "3",
-                  "--checkpoint-dir", "D", *SMALL, cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
-    second = train("--task", "copy", "--steps", "20", "--seed", "5", "--checkpoint-dir", "D", *SMALL, cwd=tmp_path)
-    assert second.returncode == 2
-    assert "D holds another run (its last.pt is at step 60)" in second.stderr and "--overwrite" in second.stderr
+def test_a_fresh_run_refuses_a_folder_of_another_run(tmp_path, capsys):
+    folder = str(tmp_path / "D")
+    snapshots = ["--checkpoint-every", "10", "--keep-checkpoints", "3", "--checkpoint-dir", folder, *SMALL]
+    assert run_main(capsys, "--task", "copy", "--steps", "60", *snapshots)[0] == 0
+    code, _, err = run_main(capsys, "--task", "copy", "--steps", "20", "--seed", "5", *snapshots)
+    assert code == 2 and f"{folder} holds another run (its last.pt is at step 60)" in err and "--overwrite" in err
     assert sorted(p.name for p in (tmp_path / "D").glob("step_*.pt")) == [
         "step_00000040.pt", "step_00000050.pt", "step_00000060.pt"]  # untouched
-    third = train("--task", "copy", "--steps", "20", "--seed", "5", "--checkpoint-every", "10",
-                  "--keep-checkpoints", "3", "--checkpoint-dir", "D", "--overwrite", *SMALL, cwd=tmp_path)
-    assert third.returncode == 0, third.stderr
+    code, out, err = run_main(capsys, "--task", "copy", "--steps", "20", "--seed", "5", "--overwrite", *snapshots)
+    assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "D").glob("step_*.pt")) == ["step_00000010.pt", "step_00000020.pt"]
-    assert "average of the last 2 snapshots" in third.stdout  # its own two, not the first run's
-    assert read_checkpoint(tmp_path / "D" / "averaged.pt")["config"] == read_checkpoint(
-        tmp_path / "D" / "last.pt")["config"]
+    assert "average of the last 2 snapshots" in out  # its own two, not the first run's
 
 
 def start_background_run(tmp_path: Path, folder: str) -> subprocess.Popen:
@@ -174,24 +176,25 @@ def test_a_second_run_in_the_same_folder_is_refused_by_the_lock(tmp_path):
     assert run.returncode == 143  # the first run was not disturbed, and stopped cleanly
 
 
-def test_an_unwritable_folder_fails_before_training(tmp_path):
+def test_an_unwritable_folder_fails_before_training(tmp_path, capsys):
     (tmp_path / "file").write_text("")
-    result = train("--task", "copy", "--checkpoint-dir", "file/run", *SMALL, cwd=tmp_path)
-    assert result.returncode == 2 and result.stderr.startswith("error: cannot write checkpoints to file/run")
-    assert "| loss" not in result.stdout  # not a single update was spent
+    code, out, err = run_main(capsys, "--task", "copy", "--checkpoint-dir", str(tmp_path / "file" / "run"), *SMALL)
+    assert code == 2 and err.startswith(f"error: cannot write checkpoints to {tmp_path / 'file' / 'run'}")
+    assert "| loss" not in out  # not a single update was spent
 
 
-def test_resuming_with_another_task_or_other_data_names_the_difference(tmp_path):
-    assert train("--task", "copy", "--steps", "4", "--checkpoint-dir", "run", *SMALL, cwd=tmp_path).returncode == 0
-    other_task = train("--resume", "run", "--task", "reverse", cwd=tmp_path)
-    assert other_task.returncode == 2 and "trained with the preset 'copy', not 'reverse'" in other_task.stderr
-    other_size = train("--resume", "run", "--n-symbols", "12", cwd=tmp_path)
-    assert other_size.returncode == 2 and "--n-symbols 10 there, 12 here" in other_size.stderr
-    other_batches = train("--resume", "run", "--max-tokens", "1024", "--steps", "8", cwd=tmp_path)
-    assert other_batches.returncode == 2 and "data max_tokens=2048 there, 1024 here" in other_batches.stderr
-    same = train("--resume", "run/last.pt", "--steps", "8", "--train-size", "2000", cwd=tmp_path)
-    assert same.returncode == 0, same.stderr  # the same options, given again, are fine
-    assert "from step 4 to 8" in same.stdout
+def test_resuming_with_another_task_or_other_data_names_the_difference(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    assert run_main(capsys, "--task", "copy", "--steps", "4", "--checkpoint-dir", run, *SMALL)[0] == 0
+    code, _, err = run_main(capsys, "--resume", run, "--task", "reverse")
+    assert code == 2 and "trained with the preset 'copy', not 'reverse'" in err
+    code, _, err = run_main(capsys, "--resume", run, "--n-symbols", "12")
+    assert code == 2 and "--n-symbols 10 there, 12 here" in err
+    code, _, err = run_main(capsys, "--resume", run, "--max-tokens", "1024", "--steps", "8")
+    assert code == 2 and "data max_tokens=2048 there, 1024 here" in err
+    code, out, err = run_main(capsys, "--resume", run + "/last.pt", "--steps", "8", "--train-size", "2000",
+                              "--no-progress")
+    assert code == 0 and "from step 4 to 8" in out, err  # the same options, given again, are fine
 
 
 def test_threads_flag_and_default(tmp_path):
@@ -229,7 +232,7 @@ def test_grad_checkpointing_gives_identical_gradients_and_saves_memory():
     assert type(checkpointed.encoder.layers[0]) is type(plain.encoder.layers[0])
 
 
-def test_grad_checkpointing_from_the_command_line(tmp_path):
-    result = train("--task", "copy", "--steps", "3", "--grad-checkpointing", "--checkpoint-dir", "run", *SMALL,
-                   cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+def test_grad_checkpointing_from_the_command_line(tmp_path, capsys):
+    code, _, err = run_main(capsys, "--task", "copy", "--steps", "3", "--grad-checkpointing", "--checkpoint-dir",
+                            str(tmp_path / "run"), *SMALL)
+    assert code == 0, err
