@@ -60,6 +60,7 @@ __all__ = [
     "load_checkpoint_model",
     "make_loader",
     "make_scaler",
+    "model_from_checkpoint",
     "pick_device",
     "rng_state",
     "set_rng_state",
@@ -721,8 +722,7 @@ class Trainer:
             config = TrainConfig.from_dict(training["train_config"])
         if config is None:
             raise ValueError(f"{path} holds no training state; start a new Trainer from its weights instead.")
-        tokenizer = tokenizer_from_dict(saved["tokenizer"]) if saved.get("tokenizer") else None
-        model = Transformer(TransformerConfig.from_dict(saved["config"]))
+        model, tokenizer = model_from_checkpoint(saved)  # the weights; _load adds the rest
         trainer = cls(model, config, train_loader, valid_loader, tokenizer, **kwargs)
         trainer._load(saved, path)
         return trainer
@@ -1018,15 +1018,21 @@ def check_finite(trainer: Trainer, weights: bool = False) -> None:
         f"(clip_norm={c.clip_norm}){fp16_note}.{kept}")
 
 
+def model_from_checkpoint(
+    saved: dict[str, Any], state_dict: dict[str, Tensor] | None = None
+) -> tuple[Transformer, Any]:
+    """A checkpoint's model in eval mode, with its weights (or state_dict), and its tokenizer or None (chapter 13)."""
+    model = Transformer(TransformerConfig.from_dict(saved["config"]))
+    load_state_dict_checked(model, saved["state_dict"] if state_dict is None else state_dict)
+    tokenizer = tokenizer_from_dict(saved["tokenizer"]) if saved.get("tokenizer") else None
+    return model.eval(), tokenizer
+
+
 def load_checkpoint_model(
     path: str | os.PathLike, map_location: str | torch.device | None = None
 ) -> tuple[Transformer, Any]:
     """The model, in eval mode, and the tokenizer (None if the file has none) of a checkpoint (chapter 13)."""
-    saved = read_checkpoint(path)
-    model = Transformer(TransformerConfig.from_dict(saved["config"]))
-    load_state_dict_checked(model, saved["state_dict"])
-    tokenizer = tokenizer_from_dict(saved["tokenizer"]) if saved.get("tokenizer") else None
-    model.eval()
+    model, tokenizer = model_from_checkpoint(read_checkpoint(path))
     return (model if map_location is None else model.to(map_location)), tokenizer
 
 
@@ -1052,8 +1058,5 @@ def average_checkpoints(
                 total[k] += v.double()
     state = {k: (v / len(paths)).to(first["state_dict"][k].dtype) if v.is_floating_point() else v
              for k, v in total.items()}
-    model = Transformer(TransformerConfig.from_dict(first["config"]))
-    load_state_dict_checked(model, state)
-    tokenizer = tokenizer_from_dict(first["tokenizer"]) if first.get("tokenizer") else None
-    model.eval()
+    model, tokenizer = model_from_checkpoint(first, state)
     return (model if map_location is None else model.to(map_location)), tokenizer
