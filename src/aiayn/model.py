@@ -12,7 +12,7 @@ import os
 import pickle
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ __all__ = [
     "TransformerConfig",
     "checkpoint_dict",
     "content_hash",
+    "eval_mode",
     "init_weights",
     "load_state_dict_checked",
     "read_checkpoint",
@@ -405,6 +406,17 @@ def init_weights(model: Transformer) -> None:
     # matrix it shares with the embeddings ends with the pad row zeroed.
     for part in (model.head, model.tgt_embed, model.src_embed):
         part.reset_parameters()
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """The model in eval mode (no dropout) while inside, then back in its previous mode (chapter 9)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 CHECKPOINT_FORMAT = "aiayn.Transformer"
