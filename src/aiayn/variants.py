@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from aiayn.embedding import PredictionHead, TokenEmbedding, check_token_ids, tie_weights
 from aiayn.encoder import Encoder
 from aiayn.masks import causal_mask, padding_mask
+from aiayn.model import eval_mode
 from aiayn.positional import LearnedPositionalEmbedding
 
 __all__ = ["DecoderOnlyLM", "EncoderOnlyModel", "mask_tokens"]
@@ -125,16 +126,12 @@ class DecoderOnlyLM(nn.Module):
                 f"positions, more than max_len={self.max_len}; ask for fewer tokens or shorten the prompt, "
                 f"e.g. prompt[:, -{max(self.max_len - max_new_tokens, 1)}:]."
             )
-        was_training = self.training
-        self.eval()  # no dropout while generating
-        try:
+        with eval_mode(self):  # no dropout while generating
             tokens = prompt
             for _ in range(max_new_tokens):
                 logits = self(tokens)[:, -1]  # the last position predicts the next token: [batch, vocab]
                 next_token = _sample_next(logits, temperature, greedy, generator)  # [batch, 1]
                 tokens = torch.cat([tokens, next_token.to(tokens.dtype)], dim=1)  # [batch, seq + 1]
-        finally:
-            self.train(was_training)
         return tokens
 
 
