@@ -30,8 +30,8 @@ from tqdm import tqdm
 from aiayn.batching import Batch, Collator, SymbolTokenizer, TokenBatchSampler, make_batch
 from aiayn.batching import tokenizer_from_dict
 from aiayn.embedding import check_token_ids
-from aiayn.model import Transformer, TransformerConfig, checkpoint_dict, load_state_dict_checked
-from aiayn.model import read_checkpoint, write_checkpoint
+from aiayn.model import Transformer, TransformerConfig, checkpoint_dict, eval_mode
+from aiayn.model import load_state_dict_checked, read_checkpoint, write_checkpoint
 from aiayn.optim import LabelSmoothingLoss, make_optimizer, make_scheduler, rate
 
 __all__ = [
@@ -160,7 +160,7 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
         raise ValueError(f"max_len must be an int >= 1 (the most tokens to write), got {max_len!r}.")
     c = model.config
-    with _eval_mode(model):
+    with eval_mode(model):
         memory = model.encode(src)  # checks src: [batch, src_len, d_model]
         tokens = torch.full((src.size(0), 1), c.bos_id, dtype=torch.long, device=src.device)  # [batch, 1]
         done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)  # [batch]
@@ -190,17 +190,6 @@ def exact_match(model: Transformer, pairs: Pairs, batch_size: int = 500) -> floa
         padded[:, :written.size(1)] = written
         correct += int((padded == expected).all(dim=1).sum())
     return correct / len(pairs)
-
-
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """The model in eval mode (no dropout) while inside, then back in the mode it was in."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 AMP_MODES = ("auto", "bf16", "fp16", "off")
@@ -635,7 +624,7 @@ class Trainer:
         if loader is None:
             raise ValueError("evaluate needs batches: pass a loader, or give the Trainer a valid_loader.")
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # [loss sum, target tokens]
-        with _eval_mode(self.model), _forked_rng(self.device):
+        with eval_mode(self.model), _forked_rng(self.device):
             for batch in loader:
                 batch = to_device(batch, self.device, self.model.config)
                 with autocast(self.config.amp, self.device):
@@ -652,7 +641,7 @@ class Trainer:
         loss = self.evaluate() if self.valid_loader is not None else math.nan
         metric = None
         if self.metric is not None:
-            with _eval_mode(self.model), _forked_rng(self.device), torch.no_grad():
+            with eval_mode(self.model), _forked_rng(self.device), torch.no_grad():
                 metric = (self.metric[0], float(self.metric[1](self.model)))
         self.log.validation(self.step, loss, metric)
 
