@@ -18,7 +18,7 @@ from torch import Tensor
 
 from aiayn.batching import pad_sequences
 from aiayn.masks import padding_mask
-from aiayn.model import Transformer
+from aiayn.model import Transformer, eval_mode
 from aiayn.train import load_checkpoint_model, pick_device
 
 __all__ = [
@@ -152,35 +152,30 @@ def _generate(
     """Write one token per step, chosen by pick(logits [batch, V]) -> ids [batch] (chapter 15)."""
     limits = _limits(model, src, max_len, min_len)  # [batch]
     c, batch = model.config, src.size(0)
-    was_training = model.training
-    model.eval()  # no dropout while decoding
-    try:
-        with torch.no_grad():
-            memory = model.encode(src)  # once per sentence: [batch, src_len, d_model]
-            src_mask = padding_mask(src, c.pad_id)  # [batch, 1, 1, src_len]
-            cache = model.new_cache() if use_cache else None
-            tokens = src.new_full((batch, 1), c.bos_id)  # the start token: [batch, 1]
-            lengths = torch.zeros_like(limits)  # [batch]
-            log_probs = torch.zeros(batch, device=src.device)  # [batch]
-            finished = torch.zeros(batch, dtype=torch.bool, device=src.device)  # ended with eos
-            done = finished.clone()  # ended, or reached its limit
-            every = _stop_check_every(src.device)
-            for step in range(int(limits.max())):
-                # With a cache only the newest token goes in; without, the whole prefix.
-                inputs = tokens[:, -1:] if use_cache else tokens  # [batch, 1] or [batch, step + 1]
-                logits = model.decode(inputs, memory, src_mask, cache=cache)[:, -1].float()  # [batch, V]
-                next_token = pick(_allowed(logits, model, step, min_len))  # [batch]
-                next_token = next_token.masked_fill(done, c.pad_id)  # padding after the end
-                log_p = logits.log_softmax(-1).gather(-1, next_token[:, None])[:, 0]  # [batch]
-                log_probs += log_p.masked_fill(done, 0.0)
-                lengths += (~done).long()
-                tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # [batch, step + 2]
-                finished |= ~done & (next_token == c.eos_id)
-                done |= finished | (lengths >= limits)
-                if (step + 1) % every == 0 and bool(done.all()):
-                    break
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():  # no dropout while decoding
+        memory = model.encode(src)  # once per sentence: [batch, src_len, d_model]
+        src_mask = padding_mask(src, c.pad_id)  # [batch, 1, 1, src_len]
+        cache = model.new_cache() if use_cache else None
+        tokens = src.new_full((batch, 1), c.bos_id)  # the start token: [batch, 1]
+        lengths = torch.zeros_like(limits)  # [batch]
+        log_probs = torch.zeros(batch, device=src.device)  # [batch]
+        finished = torch.zeros(batch, dtype=torch.bool, device=src.device)  # ended with eos
+        done = finished.clone()  # ended, or reached its limit
+        every = _stop_check_every(src.device)
+        for step in range(int(limits.max())):
+            # With a cache only the newest token goes in; without, the whole prefix.
+            inputs = tokens[:, -1:] if use_cache else tokens  # [batch, 1] or [batch, step + 1]
+            logits = model.decode(inputs, memory, src_mask, cache=cache)[:, -1].float()  # [batch, V]
+            next_token = pick(_allowed(logits, model, step, min_len))  # [batch]
+            next_token = next_token.masked_fill(done, c.pad_id)  # padding after the end
+            log_p = logits.log_softmax(-1).gather(-1, next_token[:, None])[:, 0]  # [batch]
+            log_probs += log_p.masked_fill(done, 0.0)
+            lengths += (~done).long()
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # [batch, step + 2]
+            finished |= ~done & (next_token == c.eos_id)
+            done |= finished | (lengths >= limits)
+            if (step + 1) % every == 0 and bool(done.all()):
+                break
     # Steps after the last sentence ended added only padding: drop those columns.
     tokens = tokens[:, 1 : 1 + int(lengths.max())]  # without <s>: [batch, length]
     return DecodeResult(tokens, lengths, log_probs, log_probs.clone(), finished)
@@ -294,67 +289,62 @@ def beam_search(
     device = src.device
     rows = torch.arange(B, device=device)[:, None]  # [B, 1]
     no_score = float("-inf")
-    was_training = model.training
-    model.eval()  # no dropout while decoding
-    try:
-        with torch.no_grad():
-            memory = model.encode(src)  # once per sentence: [B, src_len, d_model]
-            src_mask = padding_mask(src, c.pad_id)  # [B, 1, 1, src_len]
-            cache = model.new_cache() if use_cache else None
-            alive = src.new_full((B, 1), c.bos_id)  # live hypotheses, one per sentence at first: [B, 1]
-            alive_log_probs = torch.zeros(B, 1, device=device)  # [B, n_live]
-            finished = (  # the k best finished hypotheses per sentence, best first
-                src.new_full((B, k, T), c.pad_id),  # tokens: [B, k, T]
-                torch.full((B, k), no_score, device=device),  # log_probs: [B, k]
-                torch.full((B, k), no_score, device=device),  # scores; -inf: an empty place
-                torch.zeros(B, k, dtype=torch.long, device=device),  # lengths: [B, k]
-                torch.zeros(B, k, dtype=torch.bool, device=device),  # ended with eos: [B, k]
-            )
-            done = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
-            every = _stop_check_every(device)
-            for t in range(1, T + 1):  # t: the tokens of each hypothesis after this step
-                n_live = alive_log_probs.size(1)  # 1 at the first step, then k
-                inputs = alive[:, -1:] if use_cache else alive  # [B * n_live, 1 or t]
-                logits = model.decode(inputs, memory, src_mask, cache=cache)[:, -1].float()  # [B * n_live, V]
-                log_p = _allowed(logits.log_softmax(-1), model, t - 1, min_len)  # [B * n_live, V]
-                extended = alive_log_probs[..., None] + log_p.view(B, n_live, V)  # log P: [B, n_live, V]
-                n_cand = min(2 * k, n_live * V)
-                top, index = extended.view(B, n_live * V).topk(n_cand, dim=-1)  # best first: [B, n_cand]
-                origin, token = index // V, index % V  # the hypothesis extended, the token added
-                lp = length_penalty(t, alpha)
-                # 1. Extensions with the end token among the k best are finished hypotheses.
-                ends = (token == c.eos_id) & (torch.arange(n_cand, device=device) < k) & ~done[:, None]
-                prefix = alive.view(B, n_live, t)[rows, origin, 1:]  # without <s>: [B, n_cand, t - 1]
-                ended = F.pad(torch.cat([prefix, token[..., None]], dim=-1), (0, T - t),
-                              value=c.pad_id)  # [B, n_cand, T]
-                new = (ended, top, (top / lp).masked_fill(~ends, no_score),
-                       torch.full_like(token, t), torch.ones_like(ends))
-                finished = _keep_best(finished, new, k, ~done)  # done sentences stay as they are
-                # 2. The k best extensions without the end token are the new beam.
-                goes_on = top.masked_fill(token == c.eos_id, no_score)  # [B, n_cand]
-                alive_log_probs, pick = goes_on.topk(k, dim=-1)  # [B, k]
-                origin, token = origin.gather(1, pick), token.gather(1, pick)  # [B, k]
-                index = (rows * n_live + origin).flatten()  # the old row of each new one: [B * k]
-                alive = torch.cat([alive[index], token.reshape(-1, 1)], dim=1)  # [B * k, t + 1]
-                if cache is not None:
-                    cache.reorder(index)  # the cached keys and values follow their hypotheses
-                if n_live == 1:  # from the second step on, k rows per sentence
-                    memory = memory.repeat_interleave(k, dim=0)  # [B * k, src_len, d_model]
-                    src_mask = src_mask.repeat_interleave(k, dim=0)  # [B * k, 1, 1, src_len]
-                # 3. At its maximum length a sentence keeps its live hypotheses as they are.
-                at_limit = (limits == t) & ~done  # [B]; merged where True, without reading it
-                cut = F.pad(alive[:, 1:].view(B, k, t), (0, T - t), value=c.pad_id)  # [B, k, T]
-                live = (cut, alive_log_probs, alive_log_probs / lp, torch.full_like(token, t),
-                        torch.zeros_like(pick, dtype=torch.bool))
-                finished = _keep_best(finished, live, k, at_limit)
-                # 4. Early stop: k finished hypotheses, and the best live one beats none of them now.
-                full = finished[2][:, -1] > no_score  # [B]
-                beaten = alive_log_probs[:, 0] / lp <= finished[2][:, -1]  # [B]
-                done |= at_limit | (full & beaten)
-                if t % every == 0 and bool(done.all()):
-                    break
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():  # no dropout while decoding
+        memory = model.encode(src)  # once per sentence: [B, src_len, d_model]
+        src_mask = padding_mask(src, c.pad_id)  # [B, 1, 1, src_len]
+        cache = model.new_cache() if use_cache else None
+        alive = src.new_full((B, 1), c.bos_id)  # live hypotheses, one per sentence at first: [B, 1]
+        alive_log_probs = torch.zeros(B, 1, device=device)  # [B, n_live]
+        finished = (  # the k best finished hypotheses per sentence, best first
+            src.new_full((B, k, T), c.pad_id),  # tokens: [B, k, T]
+            torch.full((B, k), no_score, device=device),  # log_probs: [B, k]
+            torch.full((B, k), no_score, device=device),  # scores; -inf: an empty place
+            torch.zeros(B, k, dtype=torch.long, device=device),  # lengths: [B, k]
+            torch.zeros(B, k, dtype=torch.bool, device=device),  # ended with eos: [B, k]
+        )
+        done = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
+        every = _stop_check_every(device)
+        for t in range(1, T + 1):  # t: the tokens of each hypothesis after this step
+            n_live = alive_log_probs.size(1)  # 1 at the first step, then k
+            inputs = alive[:, -1:] if use_cache else alive  # [B * n_live, 1 or t]
+            logits = model.decode(inputs, memory, src_mask, cache=cache)[:, -1].float()  # [B * n_live, V]
+            log_p = _allowed(logits.log_softmax(-1), model, t - 1, min_len)  # [B * n_live, V]
+            extended = alive_log_probs[..., None] + log_p.view(B, n_live, V)  # log P: [B, n_live, V]
+            n_cand = min(2 * k, n_live * V)
+            top, index = extended.view(B, n_live * V).topk(n_cand, dim=-1)  # best first: [B, n_cand]
+            origin, token = index // V, index % V  # the hypothesis extended, the token added
+            lp = length_penalty(t, alpha)
+            # 1. Extensions with the end token among the k best are finished hypotheses.
+            ends = (token == c.eos_id) & (torch.arange(n_cand, device=device) < k) & ~done[:, None]
+            prefix = alive.view(B, n_live, t)[rows, origin, 1:]  # without <s>: [B, n_cand, t - 1]
+            ended = F.pad(torch.cat([prefix, token[..., None]], dim=-1), (0, T - t),
+                          value=c.pad_id)  # [B, n_cand, T]
+            new = (ended, top, (top / lp).masked_fill(~ends, no_score),
+                   torch.full_like(token, t), torch.ones_like(ends))
+            finished = _keep_best(finished, new, k, ~done)  # done sentences stay as they are
+            # 2. The k best extensions without the end token are the new beam.
+            goes_on = top.masked_fill(token == c.eos_id, no_score)  # [B, n_cand]
+            alive_log_probs, pick = goes_on.topk(k, dim=-1)  # [B, k]
+            origin, token = origin.gather(1, pick), token.gather(1, pick)  # [B, k]
+            index = (rows * n_live + origin).flatten()  # the old row of each new one: [B * k]
+            alive = torch.cat([alive[index], token.reshape(-1, 1)], dim=1)  # [B * k, t + 1]
+            if cache is not None:
+                cache.reorder(index)  # the cached keys and values follow their hypotheses
+            if n_live == 1:  # from the second step on, k rows per sentence
+                memory = memory.repeat_interleave(k, dim=0)  # [B * k, src_len, d_model]
+                src_mask = src_mask.repeat_interleave(k, dim=0)  # [B * k, 1, 1, src_len]
+            # 3. At its maximum length a sentence keeps its live hypotheses as they are.
+            at_limit = (limits == t) & ~done  # [B]; merged where True, without reading it
+            cut = F.pad(alive[:, 1:].view(B, k, t), (0, T - t), value=c.pad_id)  # [B, k, T]
+            live = (cut, alive_log_probs, alive_log_probs / lp, torch.full_like(token, t),
+                    torch.zeros_like(pick, dtype=torch.bool))
+            finished = _keep_best(finished, live, k, at_limit)
+            # 4. Early stop: k finished hypotheses, and the best live one beats none of them now.
+            full = finished[2][:, -1] > no_score  # [B]
+            beaten = alive_log_probs[:, 0] / lp <= finished[2][:, -1]  # [B]
+            done |= at_limit | (full & beaten)
+            if t % every == 0 and bool(done.all()):
+                break
     chosen = [x[:, 0] if n_best is None else x[:, :n_best] for x in finished]
     tokens, log_probs, scores, lengths, ended = chosen
     tokens = tokens[..., : int(lengths.max())]  # [batch, (n_best,) length]
