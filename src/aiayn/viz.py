@@ -20,7 +20,7 @@ from aiayn.batching import Batch, make_batch
 from aiayn.decoder import DecoderLayer
 from aiayn.decoding import greedy_search
 from aiayn.encoder import EncoderLayer
-from aiayn.model import Transformer
+from aiayn.model import Transformer, eval_mode
 from aiayn.multi_head import MultiHeadAttention
 
 __all__ = [
@@ -177,13 +177,9 @@ def attention_maps(model: Transformer, src: Tensor, tgt_in: Tensor) -> dict[str,
     """
     if not isinstance(model, Transformer):
         raise ValueError(f"attention_maps takes a Transformer (chapter 9), got {type(model).__name__}.")
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         with record_attention(model) as record:
             model(src, tgt_in)  # checks src and tgt_in
-    finally:
-        model.train(was_training)
     return {kind: record.stacked(kind) for kind in ATTENTION_KINDS}
 
 
@@ -620,9 +616,7 @@ def head_ablation(
     off alone, with without_heads, and the model runs in eval mode.
     """
     batches = _batches(model, pairs, batch_size)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         loss = _loss(model, batches)
         rise = {}
         for kind, modules in attention_layers(model).items():
@@ -633,6 +627,4 @@ def head_ablation(
                 for head in range(module.n_heads):
                     with without_heads(model, [(kind, layer, head)]):
                         rise[kind][layer, head] = _loss(model, batches) - loss
-    finally:
-        model.train(was_training)
     return loss, rise
