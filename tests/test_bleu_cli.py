@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from conftest import local_multi30k
 import torch
 
 import aiayn.data as data
@@ -13,22 +13,12 @@ from aiayn import Transformer
 from aiayn.data import (DATA_ENV, TINY_RECIPE, SubwordTokenizer, load_multi30k,
                         save_translation_model)
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
-
-
-def multi30k() -> Path:
-    """The local Multi30k files: $AIAYN_MULTI30K_DIR, else the copy next to the repository."""
-    if os.environ.get(DATA_ENV):
-        return Path(os.environ[DATA_ENV])
-    if not SHARED.is_dir():
-        pytest.skip(f"no local copy of Multi30k: set {DATA_ENV} or put the files in {SHARED}")
-    return SHARED
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny untrained model and a small subword tokenizer, in one checkpoint file."""
-    pairs = load_multi30k("train", root=multi30k())[:500]
+    pairs = load_multi30k("train", root=local_multi30k())[:500]
     tokenizer = SubwordTokenizer.train([text for pair in pairs for text in pair], vocab_size=300)
     torch.manual_seed(0)
     model = Transformer(TINY_RECIPE.model_config(tokenizer.vocab_size))
@@ -61,7 +51,7 @@ def test_an_unwritable_output_is_refused_before_any_work(checkpoint, no_work, ca
 
 
 def test_limit_and_output_work_together(checkpoint, capsys, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv(DATA_ENV, str(multi30k()))
+    monkeypatch.setenv(DATA_ENV, str(local_multi30k()))
     existing = tmp_path / "out.txt"
     existing.write_text("old\n", encoding="utf-8")
     code = data.main(["--checkpoint", str(checkpoint), "--limit", "2", "--greedy",

@@ -12,6 +12,7 @@ import urllib.error
 from pathlib import Path
 
 import pytest
+from conftest import local_multi30k
 import sacrebleu
 import torch
 
@@ -41,16 +42,6 @@ from aiayn.decoding import translate
 from aiayn.train import load_checkpoint_model
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "data" / "multi30k"  # ../shared/data/multi30k from the repository root
-
-
-def local_copy() -> Path:
-    """The Multi30k files of the tests: $AIAYN_MULTI30K_DIR, else the copy next to the repository."""
-    if os.environ.get(DATA_ENV):
-        return Path(os.environ[DATA_ENV])
-    if not SHARED.is_dir():
-        pytest.skip(f"no local copy of Multi30k: set {DATA_ENV} or put the files in {SHARED}")
-    return SHARED
 
 
 @pytest.fixture
@@ -64,7 +55,7 @@ def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 @pytest.fixture
 def shared_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """The local copy named by the environment variable, and a cache of the test's own."""
-    directory = local_copy()
+    directory = local_multi30k()
     monkeypatch.setenv(DATA_ENV, str(directory))
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     return directory
@@ -121,7 +112,7 @@ def test_missing_files_and_directories_are_clear_errors(shared_data, tmp_path, m
 
 
 def test_a_download_fills_the_cache_atomically_and_once(isolated, monkeypatch):
-    origin = local_copy().resolve().as_uri()
+    origin = local_multi30k().resolve().as_uri()
     directory = multi30k_dir(splits=["valid"], base_url=origin)
     assert directory == isolated / "cache" / "multi30k"
     assert sorted(p.name for p in directory.iterdir()) == ["val.de.gz", "val.en.gz"]  # no partial files
@@ -135,7 +126,7 @@ def test_a_download_fills_the_cache_atomically_and_once(isolated, monkeypatch):
 
 
 def test_a_download_with_the_wrong_bytes_leaves_nothing(isolated, tmp_path):
-    origin = copy_of(local_copy(), tmp_path / "origin")
+    origin = copy_of(local_multi30k(), tmp_path / "origin")
     (origin / "val.en.gz").write_bytes(b"something else\n")
     with pytest.raises(ValueError, match="sent a file with sha256"):
         download_multi30k(isolated / "cache", ["val.en.gz"], base_url=origin.as_uri())
@@ -178,7 +169,7 @@ def test_lines_end_only_at_newlines_and_normalize(tmp_path):
 
 @pytest.fixture(scope="module")
 def small_data() -> list[tuple[str, str]]:
-    return load_multi30k("train", root=local_copy())[:3000]
+    return load_multi30k("train", root=local_multi30k())[:3000]
 
 
 @pytest.fixture(scope="module")
@@ -326,7 +317,7 @@ def test_translate_reads_a_subword_checkpoint_in_a_fresh_process(checkpoint):
 
 
 def test_the_preset_trains_two_steps_and_bleu_scores_the_checkpoint(tmp_path):
-    env = {DATA_ENV: str(local_copy()), CACHE_ENV: str(tmp_path / "cache")}
+    env = {DATA_ENV: str(local_multi30k()), CACHE_ENV: str(tmp_path / "cache")}
     done = run_aiayn("train", "--preset", "multi30k-de-en", "--model", "tiny", "--steps", "2", "--device", "cpu",
                      "--train-size", "200", "--bleu-size", "5", "--checkpoint-dir", str(tmp_path / "run"),
                      "--no-progress", env=env)
@@ -344,7 +335,7 @@ def test_the_preset_trains_two_steps_and_bleu_scores_the_checkpoint(tmp_path):
 
 
 def test_the_preset_picks_the_recipe_that_fits_the_device(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(DATA_ENV, str(local_copy()))
+    monkeypatch.setenv(DATA_ENV, str(local_multi30k()))
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     cpu = torch.device("cpu")
     on_cpu = data.multi30k_experiment("multi30k-de-en", {"train_size": 200, "vocab_size": 300}, cpu)
