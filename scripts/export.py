@@ -10,6 +10,12 @@ the front matter makes `from aiayn import Transformer` work). `src/aiayn/__main_
 dispatches `python -m aiayn COMMAND` to the functions that chapters declare
 (`commands: {train: main}` runs `aiayn.<module>.main(argv)` for `python -m aiayn train`).
 
+The bookkeeping is generated, not written by hand: a chapter's first export cell
+holds its imports and nothing else; the module's `__all__` (every top-level name
+without a leading underscore) follows them; and each block of code is marked with
+the chapter section it comes from (`# Chapter 9, "A forward pass"`), so that a
+reader of the module finds the prose that explains it.
+
 A class can be built across cells, a method or two at a time with prose between them:
 a later export cell that holds only `class Name(Name):` continues the class `Name` of an
 earlier export cell of the same chapter. In the notebook it is a subclass that adds
@@ -26,7 +32,10 @@ import argparse
 import ast
 import difflib
 import re
+import shutil
+import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +57,7 @@ class Chapter:
     title: str
     module: str | None  # "aiayn.attention", or None for a chapter that exports nothing
     cells: list[str]  # sources of the cells tagged `export`, in order
+    sections: list[str]  # the heading of the section that holds each of those cells
     reexport: list[str]  # names that `from aiayn import ...` offers
     commands: dict[str, str]  # `python -m aiayn NAME` -> function of the module
 
@@ -86,11 +96,14 @@ def read_chapter(path: Path) -> Chapter:
     if title is None:
         raise ExportError(f"{rel}: no '# Title' heading; every chapter starts with one")
     module = nb.metadata.get("module")
-    cells = [
-        c.source.strip("\n")
-        for c in nb.cells
-        if c.cell_type == "code" and EXPORT_TAG in c.metadata.get("tags", [])
-    ]
+    cells, sections, section = [], [], title
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            headings = re.findall(r"^#{2,3} +(.+?)\s*$", c.source, re.M)
+            section = headings[-1] if headings else section
+        elif EXPORT_TAG in c.metadata.get("tags", []):
+            cells.append(c.source.strip("\n"))
+            sections.append(section)
     if module is not None and not MODULE_NAME.match(str(module)):
         raise ExportError(f"{rel}: front matter 'module: {module}' must look like 'aiayn.name'")
     if cells and module is None:
@@ -117,7 +130,57 @@ def read_chapter(path: Path) -> Chapter:
     for name in [*reexport, *commands.values()]:
         if not re.search(rf"^(class|def) {name}\b|^{name}\s*[:=]", code, re.M):
             raise ExportError(f"{rel}: front matter names {name}, which its '{EXPORT_TAG}' cells do not define")
-    return Chapter(path, title, module, cells, reexport, commands)
+    if cells:
+        check_bookkeeping(cells, rel)
+    return Chapter(path, title, module, cells, sections, reexport, commands)
+
+
+def check_bookkeeping(cells: list[str], rel: str) -> None:
+    """The first export cell holds the imports, all of them; nothing writes `__all__`."""
+    trees = []
+    for k, source in enumerate(cells):
+        try:
+            trees.append(ast.parse(source))
+        except SyntaxError as err:
+            raise ExportError(f"{rel}: export cell {k + 1} is not valid Python: {err}") from None
+    imports = (ast.Import, ast.ImportFrom)
+    extra = [n for n in trees[0].body if not isinstance(n, imports)]
+    if extra:
+        raise ExportError(
+            f"{rel}: the first '{EXPORT_TAG}' cell must hold the module's imports only; "
+            f"line {extra[0].lineno} ({ast.unparse(extra[0]).splitlines()[0][:60]}) belongs in a later cell"
+        )
+    for k, tree in enumerate(trees[1:], start=2):
+        for node in tree.body:
+            if isinstance(node, imports):
+                raise ExportError(
+                    f"{rel}: export cell {k} imports ({ast.unparse(node)}); "
+                    f"move the import to the chapter's first '{EXPORT_TAG}' cell"
+                )
+            if "__all__" in assigned_names(node):
+                raise ExportError(
+                    f"{rel}: export cell {k} writes __all__, which scripts/export.py generates; remove it"
+                )
+
+
+def assigned_names(node: ast.stmt) -> list[str]:
+    """The names a top-level statement defines (def, class, or assignment to plain names)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    targets = node.targets if isinstance(node, ast.Assign) else (
+        [node.target] if isinstance(node, ast.AnnAssign) else []
+    )
+    names = []
+    for target in targets:
+        elements = target.elts if isinstance(target, ast.Tuple) else [target]
+        names += [e.id for e in elements if isinstance(e, ast.Name)]
+    return names
+
+
+def public_names(code: str) -> list[str]:
+    """Every top-level name of a module without a leading underscore, sorted."""
+    names = {n for node in ast.parse(code).body for n in assigned_names(node)}
+    return sorted(n for n in names if not n.startswith("_"))
 
 
 def continues_a_class(node: ast.stmt) -> bool:
@@ -128,17 +191,31 @@ def continues_a_class(node: ast.stmt) -> bool:
     return isinstance(base, ast.Name) and base.id == node.name
 
 
-def merge_continued_classes(cells: list[str], rel: str) -> list[str]:
+def section_marker(chapter_number: str, section: str, indent: str = "") -> str:
+    """The comment that names the chapter section a block of the module comes from."""
+    return f'{indent}# Chapter {int(chapter_number)}, "{section}"'
+
+
+def merge_continued_classes(
+    cells: list[str], rel: str, sections: list[str] | None = None, number: str = "0"
+) -> list[str]:
     """Move the body of each `class Name(Name):` to the end of the earlier class Name.
 
-    The other statements of a continuing cell stay where they are.
+    The other statements of a continuing cell stay where they are. With `sections`
+    (one heading per cell), each block that starts a new section is preceded by a
+    marker comment naming it; a continued class body gets its own marker when it
+    comes from another section than the class.
     """
     merged: list[str] = []
-    for source in cells:
+    chunk_sections: list[str] = []
+    last = None
+    for k, source in enumerate(cells):
+        section = sections[k] if sections else None
         try:
             tree = ast.parse(source)
         except SyntaxError:
             merged.append(source)
+            chunk_sections.append(section)
             continue
         continued = [n for n in tree.body if continues_a_class(n)]
         lines = source.splitlines()
@@ -146,23 +223,40 @@ def merge_continued_classes(cells: list[str], rel: str) -> list[str]:
             if node.decorator_list or ast.get_docstring(node) is not None:
                 raise ExportError(f"{rel}: the cell continuing class {node.name} may hold methods only, "
                                   f"without decorators on the class or a docstring")
-            _append_to_class(merged, node.name, lines[node.lineno:node.end_lineno], rel)
+            body = lines[node.lineno:node.end_lineno]
+            _append_to_class(merged, chunk_sections, node.name, body, rel, section, number)
         for node in reversed(continued):
             del lines[node.lineno - 1:node.end_lineno]
         rest = re.sub(r"\n{4,}", "\n\n\n", "\n".join(lines)).strip("\n")
         if rest:
+            if section is not None and section != last:
+                rest = section_marker(number, section) + "\n" + rest
+                last = section
             merged.append(rest)
+            chunk_sections.append(section)
     return merged
 
 
-def _append_to_class(chunks: list[str], name: str, body: list[str], rel: str) -> None:
+def _append_to_class(
+    chunks: list[str],
+    chunk_sections: list[str | None],
+    name: str,
+    body: list[str],
+    rel: str,
+    section: str | None = None,
+    number: str = "0",
+) -> None:
     """Insert body (indented method lines) at the end of the last class `name` in chunks."""
     for k in range(len(chunks) - 1, -1, -1):
         classes = [n for n in ast.parse(chunks[k]).body if isinstance(n, ast.ClassDef) and n.name == name]
         if classes:
             lines = chunks[k].splitlines()
             end = classes[-1].end_lineno
+            if section is not None and section != chunk_sections[k]:
+                indent = re.match(r"\s*", body[0]).group() if body else "    "
+                body = [section_marker(number, section, indent), *body]
             chunks[k] = "\n".join(lines[:end] + [""] + body + lines[end:])
+            chunk_sections[k] = section if section is not None else chunk_sections[k]
             return
     raise ExportError(f"{rel}: a cell continues class {name}, which no earlier '{EXPORT_TAG}' cell "
                       f"of the chapter defines")
@@ -175,9 +269,13 @@ def module_text(chapter: Chapter) -> str:
         f'# "{chapter.title}".\n'
         "# Do not edit: change the chapter, then run `python scripts/export.py`.\n"
     )
-    doc = f'"""{chapter.title} (chapter {chapter.number} of the book)."""\n'
-    cells = merge_continued_classes(chapter.cells, chapter.rel)
-    return header + doc + "\n" + "\n\n\n".join(cells) + "\n"
+    doc = f'"""{chapter.title}.\n\nChapter {int(chapter.number)} of the book, {chapter.rel}.\n"""\n'
+    imports, *rest = chapter.cells
+    body = merge_continued_classes(rest, chapter.rel, chapter.sections[1:], chapter.number)
+    names = public_names("\n\n".join([imports, *body]))
+    listed = "".join(f'    "{name}",\n' for name in names)
+    all_list = f"__all__ = [\n{listed}]" if names else "__all__: list[str] = []"
+    return header + doc + "\n" + "\n\n".join([imports, all_list]) + "\n\n\n" + "\n\n\n".join(body) + "\n"
 
 
 def init_text(chapters: list[Chapter]) -> str:
@@ -219,8 +317,12 @@ def book_url() -> str:
 
 def main_text(chapters: list[Chapter]) -> str:
     """The generated `python -m aiayn` dispatcher: one command per chapter function."""
+    def title(c: Chapter) -> str:
+        parts = textwrap.wrap(f"chapter {int(c.number)}, {c.title}", 70, drop_whitespace=False)
+        return "(" + " ".join(f'"{p}"' for p in parts) + ")"
+
     rows = "".join(
-        f'    "{name}": ("{c.module}", "{func}", "chapter {int(c.number)}, {c.title}"),\n'
+        f'    "{name}": ("{c.module}", "{func}", {title(c)}),\n'
         for c in chapters
         for name, func in sorted(c.commands.items())
     )
@@ -242,7 +344,8 @@ def main_text(chapters: list[Chapter]) -> str:
         "def main(argv: list[str] | None = None) -> int:\n"
         '    """Run `python -m aiayn COMMAND [ARGS]`: look up the command and call its function."""\n'
         "    argv = sys.argv[1:] if argv is None else list(argv)\n"
-        '    usage = "usage: python -m aiayn {" + ",".join(COMMANDS) + "} [ARGS]   (COMMAND --help for its options)"\n'
+        '    commands = "{" + ",".join(COMMANDS) + "}"\n'
+        '    usage = f"usage: python -m aiayn {commands} [ARGS]   (COMMAND --help for its options)"\n'
         '    if not argv or argv[0] in ("-h", "--help"):\n'
         "        print(usage)\n"
         "        for name, (module, func, chapter) in COMMANDS.items():\n"
@@ -261,8 +364,32 @@ def main_text(chapters: list[Chapter]) -> str:
     )
 
 
+def ruff() -> list[str]:
+    """The command that runs ruff: the executable next to this Python, or on PATH."""
+    local = Path(sys.executable).with_name("ruff")
+    if local.exists():
+        return [str(local)]
+    if shutil.which("ruff"):
+        return ["ruff"]
+    raise ExportError("ruff is not installed; pip install -r requirements.txt installs it")
+
+
+def formatted(path: Path, text: str) -> str:
+    """A generated file as ruff sorts its imports and formats it (pyproject.toml's settings)."""
+    settings = ["--config", str(ROOT / "pyproject.toml")] if (ROOT / "pyproject.toml").exists() else []
+    for args in (["check", "--fix", "--select", "I", "--quiet", "--exit-zero"], ["format", "--quiet"]):
+        run = subprocess.run(
+            [*ruff(), *args, *settings, "--stdin-filename", str(path), "-"],
+            input=text, capture_output=True, text=True,
+        )
+        if run.returncode != 0:
+            raise ExportError(f"ruff {args[0]} failed on {path.name}:\n{run.stderr}")
+        text = run.stdout
+    return text
+
+
 def expected_files() -> dict[Path, str]:
-    """Every file of src/aiayn/ as the book exports it."""
+    """Every file of src/aiayn/ as the book exports it, formatted by ruff."""
     chapters = [read_chapter(p) for p in chapter_paths()]
     owners: dict[str, Chapter] = {}
     for c in chapters:
@@ -282,7 +409,7 @@ def expected_files() -> dict[Path, str]:
             seen[name] = c.rel
     for module, c in owners.items():
         files[PACKAGE / (module.split(".", 1)[1] + ".py")] = module_text(c)
-    return files
+    return {path: formatted(path, text) for path, text in files.items()}
 
 
 def actual_files() -> dict[Path, str]:

@@ -37,11 +37,8 @@ import sys
 if "google.colab" in sys.modules:
     import subprocess
 
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q",
-         "aiayn[book] @ git+{repository_url()}"],
-        check=True,
-    )
+    package = "aiayn[book] @ git+{repository_url()}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
 
 import torch
 

@@ -68,6 +68,11 @@ module: aiayn.demo
 
 ```{code-cell} ipython3
 :tags: [export]
+from __future__ import annotations
+```
+
+```{code-cell} ipython3
+:tags: [export]
 def double(x: int) -> int:
     \"\"\"Twice x.\"\"\"
     return 2 * x
@@ -182,6 +187,39 @@ def test_continuing_a_class_that_no_earlier_cell_defines_is_an_error(demo_tree: 
     chapter.write_text(chapter.read_text() + CONTINUED.replace("class Counter:", "class Tally:"))
     result = run_script(demo_tree, "export.py")
     assert result.returncode == 2 and "continues class Counter, which no earlier" in result.stderr
+
+
+def test_export_generates_all_and_marks_each_section(demo_tree: Path) -> None:
+    chapter = demo_tree / "book/01_demo.md"
+    extra = (
+        "\n## Halving\n\n```{code-cell} ipython3\n:tags: [export]\n"
+        "_SECRET = 2\n\n\ndef half(x: int) -> float:\n    return x / _SECRET\n```\n"
+    )
+    chapter.write_text(chapter.read_text() + extra)
+    assert run_script(demo_tree, "export.py").returncode == 0
+    module = (demo_tree / "src/aiayn/demo.py").read_text()
+    assert '__all__ = [\n    "double",\n    "half",\n]\n' in module
+    assert '# Chapter 1, "A demo chapter"\ndef double' in module
+    assert '# Chapter 1, "Halving"\n_SECRET = 2' in module
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("from __future__ import annotations\n", "from __future__ import annotations\nX = 1\n"),
+         "must hold the module's imports only"),
+        (("def double", "import math\n\n\ndef double"), "move the import to the chapter's first"),
+        (("def double", "__all__ = ['double']\n\n\ndef double"), "writes __all__, which scripts/export.py"),
+    ],
+    ids=["code-among-the-imports", "a-late-import", "hand-written-all"],
+)
+def test_export_rejects_hand_kept_bookkeeping(
+    demo_tree: Path, change: tuple[str, str], message: str
+) -> None:
+    chapter = demo_tree / "book/01_demo.md"
+    chapter.write_text(chapter.read_text().replace(*change, 1))
+    result = run_script(demo_tree, "export.py")
+    assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
 def test_reexport_of_an_undefined_name_is_an_error(demo_tree: Path) -> None:

@@ -29,8 +29,7 @@ try:
 except PackageNotFoundError:  # imported from a source tree that is not installed
     __version__ = "0+unknown"
 
-from aiayn.model import Transformer
-from aiayn.model import TransformerConfig
+from aiayn.model import Transformer, TransformerConfig
 
 __all__ = [
     "Transformer",

@@ -10,16 +10,30 @@ BOOK_URL = "https://literate-transformer.github.io/aiayn"
 
 # command -> (module, function, the chapter of the book that explains it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "train": ("aiayn.engine", "main", "chapter 14, Training for real"),
-    "translate": ("aiayn.decoding", "main", "chapter 15, Decoding with greedy search, beam search, sampling and the KV cache"),
-    "bleu": ("aiayn.data", "main", "chapter 16, Translating German to English: Multi30k end to end"),
+    "train": ("aiayn.engine", "main", ("chapter 14, Training for real")),
+    "translate": (
+        "aiayn.decoding",
+        "main",
+        (
+            "chapter 15, Decoding with greedy search, beam search, sampling and the"
+            " KV cache"
+        ),
+    ),
+    "bleu": (
+        "aiayn.data",
+        "main",
+        ("chapter 16, Translating German to English: Multi30k end to end"),
+    ),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run `python -m aiayn COMMAND [ARGS]`: look up the command and call its function."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    usage = "usage: python -m aiayn {" + ",".join(COMMANDS) + "} [ARGS]   (COMMAND --help for its options)"
+    commands = "{" + ",".join(COMMANDS) + "}"
+    usage = (
+        f"usage: python -m aiayn {commands} [ARGS]   (COMMAND --help for its options)"
+    )
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         for name, (module, func, chapter) in COMMANDS.items():
