@@ -26,7 +26,9 @@ __all__ = [
 
 # Chapter 8, "One decoder layer"
 class DecoderLayer(nn.Module):
-    """One decoder layer: masked self-attention, cross-attention, FFN, each with Add & Norm (chapter 8; paper 3.1).
+    """One decoder layer: masked self-attention, cross-attention, FFN (chapter 8).
+
+    Each sublayer has its own Add & Norm (paper 3.1).
 
     Args:
         d_model: size of the input, memory and output vectors.
@@ -59,33 +61,17 @@ class DecoderLayer(nn.Module):
         eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        if isinstance(d_ff, bool) or not isinstance(d_ff, int) or d_ff < 1:
-            raise ValueError(
-                f"d_ff must be a positive int (the paper uses 4 * d_model), got {d_ff!r}."
-            )
-        if not eps > 0:
-            raise ValueError(
-                f"eps must be positive, got {eps}; LayerNorm divides by sqrt(variance + eps)."
-            )
+        _check_layer_sizes(d_ff, eps)
         self.d_model, self.n_heads, self.norm_first = d_model, n_heads, norm_first
-        self.self_attn = MultiHeadAttention(
-            d_model, n_heads, dropout=dropout
-        )  # over the target
-        self.cross_attn = MultiHeadAttention(
-            d_model, n_heads, dropout=dropout
-        )  # target -> memory
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
         self.ffn = PositionwiseFeedForward(
             d_model, d_ff, dropout=dropout, activation=activation
         )
-        self.res_self = Residual(
-            d_model, dropout=dropout, norm_first=norm_first, eps=eps
-        )
-        self.res_cross = Residual(
-            d_model, dropout=dropout, norm_first=norm_first, eps=eps
-        )
-        self.res_ffn = Residual(
-            d_model, dropout=dropout, norm_first=norm_first, eps=eps
-        )
+        kw = {"dropout": dropout, "norm_first": norm_first, "eps": eps}
+        self.res_self = Residual(d_model, **kw)  # around the self-attention
+        self.res_cross = Residual(d_model, **kw)  # around the cross-attention
+        self.res_ffn = Residual(d_model, **kw)  # around the feed-forward network
 
     def forward(
         self,
@@ -124,9 +110,8 @@ class DecoderLayer(nn.Module):
         cross_cache = cache.cross_attn if cache is not None else None
 
         def self_attention(h: Tensor) -> Tensor:
-            return self.self_attn(h, mask=self_mask, cache=self_cache)[
-                0
-            ]  # [batch, tgt_len, d_model]
+            out, _ = self.self_attn(h, mask=self_mask, cache=self_cache)
+            return out  # [batch, tgt_len, d_model]
 
         def cross_attention(h: Tensor) -> Tensor:
             # Queries from the decoder (h), keys and values from the encoder (memory).
@@ -140,18 +125,32 @@ class DecoderLayer(nn.Module):
         return self.res_ffn(x, self.ffn)  # [batch, tgt_len, d_model]
 
 
+def _check_layer_sizes(d_ff: int, eps: float) -> None:
+    """d_ff must be a positive int and eps positive (chapter 8)."""
+    if isinstance(d_ff, bool) or not isinstance(d_ff, int) or d_ff < 1:
+        raise ValueError(
+            f"d_ff must be a positive int (the paper uses 4 * d_model), got {d_ff!r}."
+        )
+    if not eps > 0:
+        raise ValueError(
+            f"eps must be positive, got {eps}; "
+            "LayerNorm divides by sqrt(variance + eps)."
+        )
+
+
 def _check_mask(
     name: str, mask: Tensor | None, scores: tuple[int, ...], hint: str
 ) -> None:
-    """A mask must be boolean and broadcast to the attention scores [b, h, q, k] (chapter 8)."""
+    """A mask must be boolean and broadcast to the scores [b, h, q, k] (chapter 8)."""
     if mask is None:
         return
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
         raise ValueError(
-            f"{name} must be a torch.bool tensor, True where attending is allowed, got {got}. "
-            f"A 1/0 mask becomes one with mask.bool(); a PyTorch-style mask (True or -inf "
-            f"where blocked) with ~mask (bool) or mask == 0 (float)."
+            f"{name} must be a torch.bool tensor, True where attending is allowed, "
+            f"got {got}. A 1/0 mask becomes one with mask.bool(); a PyTorch-style "
+            f"mask (True or -inf where blocked) with ~mask (bool) or mask == 0 "
+            f"(float)."
         )
     try:
         fits = torch.broadcast_shapes(mask.shape, scores) == torch.Size(scores)
@@ -159,8 +158,9 @@ def _check_mask(
         fits = False
     if mask.dim() not in (2, 4) or not fits:
         raise ValueError(
-            f"{name} of shape {tuple(mask.shape)} does not broadcast to the attention scores "
-            f"[batch, n_heads, q_len, k_len] = {list(scores)}; {hint}"
+            f"{name} of shape {tuple(mask.shape)} does not broadcast to the "
+            f"attention scores [batch, n_heads, q_len, k_len] = {list(scores)}; "
+            f"{hint}"
         )
 
 
@@ -173,7 +173,25 @@ def _check_decoder_inputs(
     memory_mask: Tensor | None,
     cache: DecoderLayerCache | None,
 ) -> None:
-    """Stop bad input to a decoder layer with a message that says what to change (chapter 8)."""
+    """Stop bad input to a decoder layer with a message that says what to change."""
+    _check_sequences(x, memory, d_model)
+    batch, q_len, src_len = x.size(0), x.size(1), memory.size(1)
+    cached = 0
+    if cache is not None:
+        _check_layer_cache(cache, batch, q_len, src_len, self_mask)
+        cached = cache.seq_len
+    _check_mask(
+        "self_mask",
+        self_mask,
+        (batch, n_heads, q_len, cached + q_len),
+        "use causal_mask(tgt_len)[None, None] or target_mask(tgt, pad_id) from "
+        "aiayn.masks; with a cache, k_len counts the cached positions too.",
+    )
+    _check_memory_mask(memory_mask, batch, n_heads, q_len, src_len)
+
+
+def _check_sequences(x: Tensor, memory: Tensor, d_model: int) -> None:
+    """x and memory: [batch, length, d_model], non-empty, one memory per target."""
     for name, t, length in (("x", x, "tgt_len"), ("memory", memory, "src_len")):
         if not isinstance(t, Tensor) or t.dim() != 3:
             shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
@@ -192,45 +210,54 @@ def _check_decoder_inputs(
             )
     if memory.size(0) != x.size(0):
         raise ValueError(
-            f"x has batch size {x.size(0)} but memory has batch size {memory.size(0)}: each "
-            f"target attends over the encoder output of its own source. Repeat the memory to "
-            f"match, e.g. memory.repeat_interleave(beam_size, dim=0) for a beam search."
+            f"x has batch size {x.size(0)} but memory has batch size "
+            f"{memory.size(0)}: each target attends over the encoder output of its "
+            f"own source. Repeat the memory to match, e.g. "
+            f"memory.repeat_interleave(beam_size, dim=0) for a beam search."
         )
-    batch, q_len, src_len = x.size(0), x.size(1), memory.size(1)
-    cached = 0
-    if cache is not None:
-        if not isinstance(cache, DecoderLayerCache):
-            raise ValueError(
-                f"a DecoderLayer takes a DecoderLayerCache, got {type(cache).__name__}; pass "
-                f"the whole DecoderCache to Decoder.forward, or decoder_cache[i] to layer i."
-            )
-        if cache.batch_size is not None and cache.batch_size != batch:
-            raise ValueError(
-                f"the cache holds {cache.batch_size} sequences but x has {batch}; after "
-                f"selecting or reordering sequences (beam search) call cache.reorder(index), "
-                f"or start a new cache for a new batch."
-            )
-        if cache.cross_attn.k is not None and cache.cross_attn.k.size(2) != src_len:
-            raise ValueError(
-                f"the cache holds the keys of a source of length {cache.cross_attn.k.size(2)}, "
-                f"but memory has length {src_len}: a cache belongs to one batch of sources; "
-                f"start a new cache for a new one."
-            )
+
+
+def _check_layer_cache(
+    cache: DecoderLayerCache,
+    batch: int,
+    q_len: int,
+    src_len: int,
+    self_mask: Tensor | None,
+) -> None:
+    """A layer's cache must hold this batch and this source (chapter 8)."""
+    if not isinstance(cache, DecoderLayerCache):
+        raise ValueError(
+            f"a DecoderLayer takes a DecoderLayerCache, got {type(cache).__name__}; "
+            f"pass the whole DecoderCache to Decoder.forward, or decoder_cache[i] to "
+            f"layer i."
+        )
+    if cache.batch_size is not None and cache.batch_size != batch:
+        raise ValueError(
+            f"the cache holds {cache.batch_size} sequences but x has {batch}; after "
+            f"selecting or reordering sequences (beam search) call "
+            f"cache.reorder(index), or start a new cache for a new batch."
+        )
+    cached_src = cache.cross_attn.k.size(2) if cache.cross_attn.k is not None else None
+    if cached_src is not None and cached_src != src_len:
+        raise ValueError(
+            f"the cache holds the keys of a source of length {cached_src}, but "
+            f"memory has length {src_len}: a cache belongs to one batch of sources; "
+            f"start a new cache for a new one."
+        )
+    if self_mask is None and q_len > 1:
         cached = cache.seq_len
-        if self_mask is None and q_len > 1:
-            raise ValueError(
-                f"with a cache, x holds only the new positions, and {q_len} new positions need "
-                f"a causal mask among themselves: pass self_mask=causal_mask({cached + q_len})"
-                f"[-{q_len}:][None, None] (shape [1, 1, q_len, cached + q_len]), or feed one "
-                f"position per call."
-            )
-    _check_mask(
-        "self_mask",
-        self_mask,
-        (batch, n_heads, q_len, cached + q_len),
-        "use causal_mask(tgt_len)[None, None] or target_mask(tgt, pad_id) from aiayn.masks; "
-        "with a cache, k_len counts the cached positions too.",
-    )
+        raise ValueError(
+            f"with a cache, x holds only the new positions, and {q_len} new "
+            f"positions need a causal mask among themselves: pass "
+            f"self_mask=causal_mask({cached + q_len})[-{q_len}:][None, None] (shape "
+            f"[1, 1, q_len, cached + q_len]), or feed one position per call."
+        )
+
+
+def _check_memory_mask(
+    memory_mask: Tensor | None, batch: int, n_heads: int, q_len: int, src_len: int
+) -> None:
+    """The memory mask is ours, [batch, 1, 1, src_len], not PyTorch's (chapter 8)."""
     if (
         memory_mask is not None
         and memory_mask.dim() == 2
@@ -238,10 +265,12 @@ def _check_decoder_inputs(
         and tuple(memory_mask.shape) == (batch, src_len)
     ):
         raise ValueError(
-            f"a memory_mask of shape [batch, src_len] = {tuple(memory_mask.shape)} looks like "
-            f"PyTorch's memory_key_padding_mask; pass aiayn.masks.padding_mask(src, pad_id), shape "
-            f"[batch, 1, 1, src_len] with True = real token (from a PyTorch mask, True = padding: "
-            f"(~mask)[:, None, None, :]). A [tgt_len, src_len] mask goes in as mask[None, None]."
+            f"a memory_mask of shape [batch, src_len] = {tuple(memory_mask.shape)} "
+            f"looks like PyTorch's memory_key_padding_mask; pass "
+            f"aiayn.masks.padding_mask(src, pad_id), shape [batch, 1, 1, src_len] "
+            f"with True = real token (from a PyTorch mask, True = padding: "
+            f"(~mask)[:, None, None, :]). A [tgt_len, src_len] mask goes in as "
+            f"mask[None, None]."
         )
     _check_mask(
         "memory_mask",
@@ -253,7 +282,9 @@ def _check_decoder_inputs(
 
 # Chapter 8, "The stack"
 class Decoder(nn.Module):
-    """The decoder: a stack of N DecoderLayers over one memory, then LayerNorm if pre-norm (chapter 8; paper 3.1).
+    """The decoder: N DecoderLayers over one memory, LayerNorm if pre-norm (chapter 8).
+
+    The stack of paper 3.1.
 
     Args:
         n_layers: number of layers N (6 in the paper).
@@ -280,10 +311,7 @@ class Decoder(nn.Module):
         eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
-            raise ValueError(
-                f"n_layers must be a positive int (6 in the paper), got {n_layers!r}."
-            )
+        _check_n_layers(n_layers)
         self.d_model = d_model
         self.layers = nn.ModuleList(
             DecoderLayer(d_model, n_heads, d_ff, dropout, activation, norm_first, eps)
@@ -305,15 +333,16 @@ class Decoder(nn.Module):
         memory_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
     ) -> Tensor:
-        """Run the embedded target x through all layers, each reading memory (chapter 8).
+        """Run the embedded target x through all layers over one memory (chapter 8).
 
         Args:
             x: embedded target positions [batch, tgt_len, d_model]; with a cache,
                 only the new positions (usually one).
             memory: the encoder's output [batch, src_len, d_model].
-            self_mask: boolean [batch, 1, tgt_len, tgt_len] or [1, 1, tgt_len, tgt_len],
-                True where a target position may attend to another (causal AND
-                padding); not needed for a single new position with a cache.
+            self_mask: boolean [batch, 1, tgt_len, tgt_len] or
+                [1, 1, tgt_len, tgt_len], True where a target position may attend
+                to another (causal AND padding); not needed for a single new
+                position with a cache.
             memory_mask: boolean [batch, 1, 1, src_len], True at real source tokens.
             cache: a DecoderCache from new_cache(), updated in place; its
                 seq_len before the call is the position of x's first row.
@@ -322,15 +351,7 @@ class Decoder(nn.Module):
             The decoder's output [batch, tgt_len, d_model].
         """
         if cache is not None:
-            if not isinstance(cache, DecoderCache):
-                raise ValueError(
-                    f"cache must be a DecoderCache (from decoder.new_cache()), got {type(cache).__name__}."
-                )
-            if len(cache) != len(self.layers):
-                raise ValueError(
-                    f"the cache was built for {len(cache)} layers but this decoder has "
-                    f"{len(self.layers)}; create it with decoder.new_cache()."
-                )
+            _check_decoder_cache(cache, len(self.layers))
         for i, layer in enumerate(self.layers):
             layer_cache = cache[i] if cache is not None else None
             x = layer(
@@ -339,8 +360,30 @@ class Decoder(nn.Module):
                 self_mask=self_mask,
                 memory_mask=memory_mask,
                 cache=layer_cache,
-            )
+            )  # [batch, tgt_len, d_model]
         return x if self.norm is None else self.norm(x)  # [batch, tgt_len, d_model]
+
+
+def _check_n_layers(n_layers: int) -> None:
+    """A stack has a positive int number of layers (chapter 8)."""
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(
+            f"n_layers must be a positive int (6 in the paper), got {n_layers!r}."
+        )
+
+
+def _check_decoder_cache(cache: DecoderCache, n_layers: int) -> None:
+    """A Decoder takes a DecoderCache with one slot per layer (chapter 8)."""
+    if not isinstance(cache, DecoderCache):
+        raise ValueError(
+            "cache must be a DecoderCache (from decoder.new_cache()), "
+            f"got {type(cache).__name__}."
+        )
+    if len(cache) != n_layers:
+        raise ValueError(
+            f"the cache was built for {len(cache)} layers but this decoder has "
+            f"{n_layers}; create it with decoder.new_cache()."
+        )
 
 
 # Chapter 8, "Decoding one position at a time"
@@ -402,7 +445,7 @@ class DecoderCache:
 
     @property
     def seq_len(self) -> int:
-        """Number of target positions processed so far, which is the position (and offset) of the next one."""
+        """Number of target positions processed so far: the position of the next."""
         return self.layers[0].seq_len
 
     @property
@@ -411,39 +454,37 @@ class DecoderCache:
         return self.layers[0].batch_size
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the sequences `index` ([new_batch] integer ids, repeats allowed) in every layer, e.g. for beam search."""
-        if (
-            not isinstance(index, Tensor)
-            or index.dim() != 1
-            or index.dtype == torch.bool
-            or index.is_floating_point()
-            or index.is_complex()
-        ):
-            got = (
-                tuple(index.shape)
-                if isinstance(index, Tensor)
-                else type(index).__name__
-            )
-            raise ValueError(
-                f"index must be a 1-D tensor of integer batch positions, got {got}."
-            )
-        batch = self.batch_size
-        if batch is None:
+        """Keep the sequences `index` ([new_batch] ids, repeats allowed), e.g. beams."""
+        _check_reorder_index(index, self.batch_size)
+        if self.batch_size is None:
             return  # nothing cached yet
-        # On the CPU only: reading an index on a GPU would stall every beam-search step.
-        if index.numel() and index.device.type == "cpu":
-            low, high = int(index.min()), int(index.max())
-            if low < 0 or high >= batch:
-                raise ValueError(
-                    f"index holds positions from {low} to {high}, but the cache holds {batch} "
-                    f"sequences (valid: 0 to {batch - 1})."
-                )
         first = self.layers[0]
         cached = (
             first.self_attn.k if first.self_attn.k is not None else first.cross_attn.k
         )
-        index = index.to(
-            cached.device
-        )  # index_select needs the index where the cache is
+        index = index.to(cached.device)  # where index_select needs it
         for layer in self.layers:
             layer.reorder(index)
+
+
+def _check_reorder_index(index: Tensor, batch: int | None) -> None:
+    """A 1-D integer index within the batch; its range is checked on the CPU only."""
+    if (
+        not isinstance(index, Tensor)
+        or index.dim() != 1
+        or index.dtype == torch.bool
+        or index.is_floating_point()
+        or index.is_complex()
+    ):
+        got = tuple(index.shape) if isinstance(index, Tensor) else type(index).__name__
+        raise ValueError(
+            f"index must be a 1-D tensor of integer batch positions, got {got}."
+        )
+    # On the CPU only: reading an index on a GPU would stall every beam-search step.
+    if batch is not None and index.numel() and index.device.type == "cpu":
+        low, high = int(index.min()), int(index.max())
+        if low < 0 or high >= batch:
+            raise ValueError(
+                f"index holds positions from {low} to {high}, but the cache holds "
+                f"{batch} sequences (valid: 0 to {batch - 1})."
+            )
