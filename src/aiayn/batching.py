@@ -34,13 +34,14 @@ __all__ = [
 
 # Chapter 11, "Tokens and ids"
 class SymbolTokenizer:
-    """Whitespace tokenizer over a fixed list of symbols, for synthetic tasks (chapter 11).
+    """Whitespace tokenizer over a fixed list of symbols, for toy tasks (chapter 11).
 
     The ids are pad=0, bos=1, eos=2, unk=3 and then the symbols in order, which
     matches TransformerConfig's defaults pad_id=0, bos_id=1, eos_id=2.
 
     Args:
-        symbols: the vocabulary, distinct strings without whitespace, e.g. list("0123456789").
+        symbols: the vocabulary, distinct strings without whitespace,
+            e.g. list("0123456789").
         pad, bos, eos, unk: the spellings of the four special tokens.
     """
 
@@ -54,32 +55,12 @@ class SymbolTokenizer:
         eos: str = "</s>",
         unk: str = "<unk>",
     ) -> None:
-        if isinstance(symbols, str):
-            raise ValueError(
-                f"symbols must be a list of strings, got the string {symbols!r}; "
-                f"for one symbol per character pass list({symbols!r})."
-            )
         specials = [pad, bos, eos, unk]
-        tokens = specials + list(symbols)
-        for token in tokens:
-            if (
-                not isinstance(token, str)
-                or not token
-                or token != "".join(token.split())
-            ):
-                raise ValueError(
-                    f"every symbol and special token must be a non-empty string without "
-                    f"whitespace (the tokenizer splits on whitespace), got {token!r}."
-                )
-        if len(set(tokens)) != len(tokens):
-            repeated = sorted({t for t in tokens if tokens.count(t) > 1})
-            raise ValueError(
-                f"symbols and special tokens must all differ, but {repeated} occur more than once."
-            )
+        _check_symbols(symbols, specials)
         self.symbols = list(symbols)
         self.pad, self.bos, self.eos, self.unk = specials
-        self.itos = tokens  # id -> string
-        self.stoi = {token: i for i, token in enumerate(tokens)}  # string -> id
+        self.itos = specials + self.symbols  # id -> string
+        self.stoi = {token: i for i, token in enumerate(self.itos)}  # string -> id
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = 0, 1, 2, 3
 
     @property
@@ -94,32 +75,21 @@ class SymbolTokenizer:
         return f"SymbolTokenizer({self.vocab_size} ids: {' '.join(self.itos)})"
 
     def encode(self, text: str) -> list[int]:
-        """Ids of the whitespace-separated symbols of text, unknown ones as unk_id; no bos/eos."""
+        """Ids of the whitespace-separated symbols of text, unknown ones as unk_id.
+
+        No bos or eos is added.
+        """
         if not isinstance(text, str):
             raise ValueError(f"encode takes a string, got {type(text).__name__}.")
         return [self.stoi.get(token, self.unk_id) for token in text.split()]
 
     def decode(self, ids: Sequence[int] | Tensor) -> str:
         """Symbols of ids joined by spaces, up to the first eos, without pad and bos."""
-        if isinstance(ids, Tensor):
-            if ids.dim() != 1:
-                raise ValueError(
-                    f"decode takes one sequence of ids, got shape {tuple(ids.shape)}; "
-                    f"decode row b with ids[b]."
-                )
-            ids = ids.tolist()
         words = []
-        for i in ids:
-            if (
-                isinstance(i, bool)
-                or not isinstance(i, int)
-                or not 0 <= i < self.vocab_size
-            ):
-                raise ValueError(
-                    f"decode got {i!r}, which is not an id in [0, {self.vocab_size})."
-                )
+        for i in _id_list(ids):
+            _check_decoded_id(i, self.vocab_size)
             if i == self.eos_id:
-                break
+                break  # the sentence ends here
             if i not in (self.pad_id, self.bos_id):
                 words.append(self.itos[i])
         return " ".join(words)
@@ -144,11 +114,52 @@ class SymbolTokenizer:
             or "symbols" not in d
         ):
             raise ValueError(
-                f"SymbolTokenizer.from_dict needs a dict from SymbolTokenizer.to_dict(), got {d!r}."
+                f"SymbolTokenizer.from_dict needs a dict from "
+                f"SymbolTokenizer.to_dict(), got {d!r}."
             )
-        return cls(
-            d["symbols"], **{k: d[k] for k in ("pad", "bos", "eos", "unk") if k in d}
+        specials = {k: d[k] for k in ("pad", "bos", "eos", "unk") if k in d}
+        return cls(d["symbols"], **specials)
+
+
+def _check_symbols(symbols: Any, specials: list[str]) -> None:
+    """The symbols and special tokens of a SymbolTokenizer, or a ValueError."""
+    if isinstance(symbols, str):
+        raise ValueError(
+            f"symbols must be a list of strings, got the string {symbols!r}; "
+            f"for one symbol per character pass list({symbols!r})."
         )
+    tokens = specials + list(symbols)
+    for token in tokens:
+        if not isinstance(token, str) or not token or token != "".join(token.split()):
+            raise ValueError(
+                f"every symbol and special token must be a non-empty string "
+                f"without whitespace (the tokenizer splits on whitespace), "
+                f"got {token!r}."
+            )
+    if len(set(tokens)) != len(tokens):
+        repeated = sorted({t for t in tokens if tokens.count(t) > 1})
+        raise ValueError(
+            f"symbols and special tokens must all differ, but {repeated} "
+            f"occur more than once."
+        )
+
+
+def _id_list(ids: Sequence[int] | Tensor) -> Sequence[int]:
+    """One sequence of ids as a list (from a 1-D tensor) or as it is."""
+    if not isinstance(ids, Tensor):
+        return ids
+    if ids.dim() != 1:
+        raise ValueError(
+            f"decode takes one sequence of ids, got shape {tuple(ids.shape)}; "
+            f"decode row b with ids[b]."
+        )
+    return ids.tolist()
+
+
+def _check_decoded_id(i: Any, vocab_size: int) -> None:
+    """An id that decode can read, or a ValueError."""
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size:
+        raise ValueError(f"decode got {i!r}, which is not an id in [0, {vocab_size}).")
 
 
 TOKENIZER_CLASSES: dict[str, str] = {
@@ -158,7 +169,15 @@ TOKENIZER_CLASSES: dict[str, str] = {
 
 
 def tokenizer_from_dict(d: Mapping[str, Any]) -> Any:
-    """The tokenizer that d, a to_dict() of a class in TOKENIZER_CLASSES, describes (chapter 11)."""
+    """Rebuild a tokenizer from its to_dict(), by TOKENIZER_CLASSES (chapter 11)."""
+    _check_tokenizer_dict(d)
+    module, name = TOKENIZER_CLASSES[d["kind"]].split(":")
+    cls = getattr(importlib.import_module(module), name)  # imported now, and only it
+    return cls.from_dict(d)
+
+
+def _check_tokenizer_dict(d: Any) -> None:
+    """A dict with a 'kind' that TOKENIZER_CLASSES knows, or a ValueError."""
     if not isinstance(d, Mapping) or "kind" not in d:
         raise ValueError(
             f"a tokenizer dict needs a 'kind' key, as to_dict() writes it; got {d!r}."
@@ -166,18 +185,26 @@ def tokenizer_from_dict(d: Mapping[str, Any]) -> Any:
     kind = d["kind"]
     if not isinstance(kind, str) or kind not in TOKENIZER_CLASSES:
         raise ValueError(
-            f"unknown tokenizer kind {kind!r}; this package knows {sorted(TOKENIZER_CLASSES)}. "
-            f"A tokenizer class of your own rebuilds its dict with its own from_dict: "
-            f"MyTokenizer.from_dict(d)."
+            f"unknown tokenizer kind {kind!r}; this package knows "
+            f"{sorted(TOKENIZER_CLASSES)}. A tokenizer class of your own rebuilds "
+            f"its dict with its own from_dict: MyTokenizer.from_dict(d)."
         )
-    module, name = TOKENIZER_CLASSES[kind].split(":")
-    cls = getattr(
-        importlib.import_module(module), name
-    )  # imported now, and only this module
-    return cls.from_dict(d)
 
 
 # Chapter 11, "Padding to the longest sentence"
+def pad_sequences(seqs: Sequence[Sequence[int] | Tensor], pad_id: int) -> Tensor:
+    """Right-pad sequences of ids with pad_id: long [batch, max_len] (chapter 11)."""
+    _check_id("pad_id", pad_id)
+    if len(seqs) == 0:
+        raise ValueError("pad_sequences got no sequences; a batch needs at least one.")
+    rows = [_ids(s, f"sequence {i}") for i, s in enumerate(seqs)]  # each [len_i]
+    shape = (len(rows), max(len(r) for r in rows))
+    out = torch.full(shape, pad_id, dtype=torch.long, device=rows[0].device)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out  # [batch, max_len]
+
+
 def _ids(seq: Sequence[int] | Tensor, what: str) -> Tensor:
     """One sequence of token ids as a 1-D long tensor, or a ValueError naming it."""
     if isinstance(seq, Tensor):
@@ -193,8 +220,9 @@ def _ids(seq: Sequence[int] | Tensor, what: str) -> Tensor:
             t = t.long()  # torch.as_tensor([]) is float32
     if t.dim() != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise ValueError(
-            f"{what} must be one sequence of int token ids (1-D), got shape {tuple(t.shape)} and "
-            f"dtype {t.dtype}; pass a list of ints or a 1-D integer tensor."
+            f"{what} must be one sequence of int token ids (1-D), got shape "
+            f"{tuple(t.shape)} and dtype {t.dtype}; pass a list of ints or a 1-D "
+            f"integer tensor."
         )
     if t.numel() and int(t.min()) < 0:
         raise ValueError(
@@ -204,29 +232,15 @@ def _ids(seq: Sequence[int] | Tensor, what: str) -> Tensor:
 
 
 def _check_id(name: str, value: int) -> None:
+    """A token id, a non-negative int, or a ValueError naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative int token id, got {value!r}.")
-
-
-def pad_sequences(seqs: Sequence[Sequence[int] | Tensor], pad_id: int) -> Tensor:
-    """Right-pad sequences of ids with pad_id to the longest one: long [batch, max_len] (chapter 11)."""
-    _check_id("pad_id", pad_id)
-    if len(seqs) == 0:
-        raise ValueError("pad_sequences got no sequences; a batch needs at least one.")
-    rows = [_ids(s, f"sequence {i}") for i, s in enumerate(seqs)]  # each [len_i]
-    device = rows[0].device
-    out = torch.full(
-        (len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long, device=device
-    )  # [batch, max_len]
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return out  # [batch, max_len]
 
 
 # Chapter 11, "Teacher forcing: shifting the target"
 @dataclass
 class Batch:
-    """A padded batch for teacher forcing: src, tgt_in = bos + target, tgt_out = target + eos (chapter 11).
+    """A padded batch for teacher forcing: src, tgt_in, tgt_out (chapter 11).
 
     Attributes:
         src: source ids, long [batch, src_len], right-padded with pad_id.
@@ -242,26 +256,7 @@ class Batch:
     pad_id: int = 0
 
     def __post_init__(self) -> None:
-        _check_id("pad_id", self.pad_id)
-        for name in ("src", "tgt_in", "tgt_out"):
-            t = getattr(self, name)
-            if not isinstance(t, Tensor) or t.dim() != 2 or t.dtype != torch.long:
-                got = (
-                    f"{tuple(t.shape)} {t.dtype}"
-                    if isinstance(t, Tensor)
-                    else type(t).__name__
-                )
-                raise ValueError(
-                    f"Batch.{name} must be a long tensor [batch, len], got {got}; "
-                    f"build batches with make_batch."
-                )
-        if self.tgt_in.shape != self.tgt_out.shape or self.src.size(
-            0
-        ) != self.tgt_in.size(0):
-            raise ValueError(
-                f"Batch needs src [b, s] and tgt_in, tgt_out of one shape [b, t], got "
-                f"{tuple(self.src.shape)}, {tuple(self.tgt_in.shape)}, {tuple(self.tgt_out.shape)}."
-            )
+        _check_batch(self)
 
     @property
     def size(self) -> int:
@@ -270,12 +265,12 @@ class Batch:
 
     @property
     def n_src_tokens(self) -> int:
-        """Real (non-pad) source tokens, as an int (on a GPU this waits for the device)."""
+        """Real (non-pad) source tokens, an int (on a GPU this waits for the device)."""
         return int((self.src != self.pad_id).sum())
 
     @property
     def n_tgt_tokens(self) -> int:
-        """Real target tokens, counted in tgt_out (the labels, eos included), the loss's denominator, as an int."""
+        """Real target tokens in tgt_out, eos included: the loss's denominator."""
         return int((self.tgt_out != self.pad_id).sum())
 
     def src_mask(self) -> Tensor:
@@ -283,26 +278,44 @@ class Batch:
         return padding_mask(self.src, self.pad_id)
 
     def tgt_mask(self) -> Tensor:
-        """Decoder self-attention mask, causal AND padding, bool [batch, 1, tgt_len, tgt_len] (chapter 2)."""
+        """Decoder self-attention mask, causal AND padding (chapter 2).
+
+        Bool [batch, 1, tgt_len, tgt_len].
+        """
         return target_mask(self.tgt_in, self.pad_id)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The same batch on device."""
-        return Batch(
-            *(
-                t.to(device, non_blocking=non_blocking)
-                for t in (self.src, self.tgt_in, self.tgt_out)
-            ),
-            pad_id=self.pad_id,
-        )
+        tensors = (self.src, self.tgt_in, self.tgt_out)
+        moved = (t.to(device, non_blocking=non_blocking) for t in tensors)
+        return Batch(*moved, pad_id=self.pad_id)
 
     def pin_memory(self) -> Batch:
-        """The same batch in page-locked memory; DataLoader(pin_memory=True) calls it."""
-        return Batch(
-            self.src.pin_memory(),
-            self.tgt_in.pin_memory(),
-            self.tgt_out.pin_memory(),
-            pad_id=self.pad_id,
+        """The same batch in page-locked memory (DataLoader(pin_memory=True))."""
+        tensors = (self.src, self.tgt_in, self.tgt_out)
+        return Batch(*(t.pin_memory() for t in tensors), pad_id=self.pad_id)
+
+
+def _check_batch(batch: Batch) -> None:
+    """Three long [batch, len] tensors with one batch size and one target shape."""
+    _check_id("pad_id", batch.pad_id)
+    for name in ("src", "tgt_in", "tgt_out"):
+        t = getattr(batch, name)
+        if not isinstance(t, Tensor) or t.dim() != 2 or t.dtype != torch.long:
+            got = (
+                f"{tuple(t.shape)} {t.dtype}"
+                if isinstance(t, Tensor)
+                else type(t).__name__
+            )
+            raise ValueError(
+                f"Batch.{name} must be a long tensor [batch, len], got {got}; "
+                f"build batches with make_batch."
+            )
+    src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
+    if tgt_in.shape != tgt_out.shape or src.size(0) != tgt_in.size(0):
+        raise ValueError(
+            f"Batch needs src [b, s] and tgt_in, tgt_out of one shape [b, t], got "
+            f"{tuple(src.shape)}, {tuple(tgt_in.shape)}, {tuple(tgt_out.shape)}."
         )
 
 
@@ -312,17 +325,36 @@ def make_batch(
     bos_id: int,
     eos_id: int,
 ) -> Batch:
-    """Pad (source, target) id pairs into a Batch: tgt_in = bos + y, tgt_out = y + eos (chapter 11).
+    """Pad (source, target) id pairs into a Batch: tgt_in = bos + y, tgt_out = y + eos.
 
     Targets come without start and end tokens (make_batch adds them); sources are
-    used as they are. Every sequence is right-padded with pad_id.
+    used as they are. Every sequence is right-padded with pad_id (chapter 11).
     """
+    _check_special_ids(pad_id, bos_id, eos_id)
+    srcs, tgts = _split_pairs(pairs)  # 1-D long tensors
+    src = pad_sequences(srcs, pad_id)  # [batch, src_len]
+    y = pad_sequences(tgts, pad_id)  # the bare targets: [batch, m]
+    _check_contents(src, y, srcs, tgts, pad_id, bos_id, eos_id)
+    b = y.size(0)
+    tgt_len = torch.tensor([len(t) for t in tgts], device=y.device)  # [batch]
+    tgt_in = torch.cat([y.new_full((b, 1), bos_id), y], dim=1)  # [batch, m + 1]
+    tgt_out = torch.cat([y, y.new_full((b, 1), pad_id)], dim=1)  # [batch, m + 1]
+    tgt_out[torch.arange(b, device=y.device), tgt_len] = eos_id  # after each target
+    return Batch(src, tgt_in, tgt_out, pad_id=pad_id)
+
+
+def _check_special_ids(pad_id: int, bos_id: int, eos_id: int) -> None:
+    """Three token ids, the padding id different from the other two."""
     for name, value in (("pad_id", pad_id), ("bos_id", bos_id), ("eos_id", eos_id)):
         _check_id(name, value)
     if pad_id in (bos_id, eos_id):
         raise ValueError(
             f"pad_id={pad_id} must differ from bos_id={bos_id} and eos_id={eos_id}."
         )
+
+
+def _split_pairs(pairs: Any) -> tuple[list[Tensor], list[Tensor]]:
+    """The sources and targets of (source, target) pairs as 1-D long tensors."""
     if len(pairs) == 0:
         raise ValueError(
             "make_batch got no pairs; a batch needs at least one (source, target) pair."
@@ -343,8 +375,19 @@ def make_batch(
             raise ValueError(
                 f"source {i} is empty; every source needs at least one token."
             )
-    src = pad_sequences(srcs, pad_id)  # [batch, src_len]
-    y = pad_sequences(tgts, pad_id)  # the bare targets: [batch, m]
+    return srcs, tgts
+
+
+def _check_contents(
+    src: Tensor,
+    y: Tensor,
+    srcs: list[Tensor],
+    tgts: list[Tensor],
+    pad_id: int,
+    bos_id: int,
+    eos_id: int,
+) -> None:
+    """No pad_id in the data, and no bos_id or eos_id in the bare targets."""
     src_len = torch.tensor([len(s) for s in srcs], device=src.device)  # [batch]
     tgt_len = torch.tensor([len(t) for t in tgts], device=y.device)  # [batch]
     bad = ((src != pad_id).sum(1) != src_len).nonzero()
@@ -352,41 +395,31 @@ def make_batch(
         bad = ((y != pad_id).sum(1) != tgt_len).nonzero()
     if len(bad):
         raise ValueError(
-            f"pair {int(bad[0])} contains pad_id={pad_id}, which the masks would hide; "
-            f"padding is added here, not in the data."
+            f"pair {int(bad[0])} contains pad_id={pad_id}, which the masks would "
+            f"hide; padding is added here, not in the data."
         )
     bad = ((y == bos_id) | (y == eos_id)).any(1).nonzero()
     if len(bad):
         raise ValueError(
-            f"target {int(bad[0])} already contains bos_id={bos_id} or eos_id={eos_id}; "
-            f"pass the bare target: make_batch adds the start and end tokens."
+            f"target {int(bad[0])} already contains bos_id={bos_id} or "
+            f"eos_id={eos_id}; pass the bare target: make_batch adds the start and "
+            f"end tokens."
         )
-    b = y.size(0)
-    tgt_in = torch.cat(
-        [y.new_full((b, 1), bos_id), y], dim=1
-    )  # shifted right: [batch, m + 1]
-    tgt_out = torch.cat([y, y.new_full((b, 1), pad_id)], dim=1)  # [batch, m + 1]
-    tgt_out[torch.arange(b, device=y.device), tgt_len] = (
-        eos_id  # the end token after each target
-    )
-    return Batch(src, tgt_in, tgt_out, pad_id=pad_id)
 
 
 @dataclass(frozen=True)
 class Collator:
-    """collate_fn for a DataLoader over (source_ids, target_ids) pairs: calls make_batch (chapter 11)."""
+    """collate_fn for a DataLoader over (source_ids, target_ids) pairs (chapter 11).
+
+    It calls make_batch with its three ids.
+    """
 
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("pad_id", "bos_id", "eos_id"):
-            _check_id(name, getattr(self, name))
-        if self.pad_id in (self.bos_id, self.eos_id):
-            raise ValueError(
-                f"pad_id={self.pad_id} must differ from bos_id={self.bos_id} and eos_id={self.eos_id}."
-            )
+        _check_special_ids(self.pad_id, self.bos_id, self.eos_id)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> Collator:
@@ -400,21 +433,12 @@ class Collator:
 
 
 # Chapter 11, "Batches by tokens, not sentences"
-def _count(n: Any) -> int | None:
-    """n as a Python int if it is an integer (int, numpy or 0-d tensor integer), else None."""
-    if isinstance(n, bool):
-        return None
-    try:
-        return operator.index(n)
-    except TypeError:
-        return None
-
-
 def example_size(length: int | tuple[int, int]) -> int:
-    """Positions one example takes in its padded batch: n, or max(src_len, tgt_len + 1) for a pair (chapter 11).
+    """Positions one example takes in its padded batch (chapter 11).
 
-    A pair's target becomes tgt_in and tgt_out, one position longer than the
-    target; the larger of that and the source bounds both padded tensors.
+    n for a single length; max(src_len, tgt_len + 1) for a pair, because the
+    target becomes tgt_in and tgt_out, one position longer than the target, and
+    the larger of that and the source bounds both padded tensors.
     """
     if isinstance(length, (tuple, list)) and len(length) == 2:
         src_len, tgt_len = _count(length[0]), _count(length[1])
@@ -428,34 +452,33 @@ def example_size(length: int | tuple[int, int]) -> int:
     n = _count(length)
     if n is None or n < 1:
         raise ValueError(
-            f"a length must be an int >= 1 or a (src_len, tgt_len) pair of ints, got {length!r}."
+            f"a length must be an int >= 1 or a (src_len, tgt_len) pair of ints, "
+            f"got {length!r}."
         )
     return n
 
 
+def _count(n: Any) -> int | None:
+    """n as a Python int if it is an integer (int, numpy or 0-d tensor), else None."""
+    if isinstance(n, bool):
+        return None
+    try:
+        return operator.index(n)
+    except TypeError:
+        return None
+
+
 class TokenBatchSampler:
-    """Batches of similar-length examples under a token budget, for DataLoader(batch_sampler=...) (chapter 11).
+    """Batches of similar-length examples under a token budget (chapter 11).
 
-    Cost of a batch: len(batch) * the largest example_size in it, i.e. the positions
-    of its largest padded tensor; with pairs, src [b, s] and tgt_in, tgt_out [b, t]
-    each hold at most max_tokens positions, padding included (the paper's "about
-    25,000 source and 25,000 target tokens" per batch, as a hard bound).
-
-    Each epoch: shuffle the examples (from seed and epoch), sort each window of
-    bucket_size of them by size (None: the whole data set, the tightest packing;
-    1: no sorting, random batches), cut the sequence greedily into batches, and
-    shuffle the order of the batches. The same (seed, epoch) gives the same
-    batches on every machine; call set_epoch(epoch) before each epoch.
-
-    With num_replicas > 1 (DDP) every rank builds the same batches and takes every
-    num_replicas-th one from position rank, so the ranks' shares are disjoint and
-    equally long and they step together: the surplus batches are dropped
-    (drop_last=True) or the first ones repeated to fill up (drop_last=False), as
-    DistributedSampler does with indices. With one replica drop_last changes
-    nothing and every index appears exactly once per epoch.
-
-    An example larger than max_tokens on its own raises a ValueError at
-    construction: filter such examples out or raise max_tokens.
+    For DataLoader(batch_sampler=...). A batch costs len(batch) times the largest
+    example_size in it: with pairs, src [b, s] and tgt_in, tgt_out [b, t] each hold
+    at most max_tokens positions, padding included (the paper's "about 25,000
+    source and 25,000 target tokens" per batch, as a hard bound). Each epoch's
+    batches depend on (seed, epoch) only; call set_epoch(epoch) before each epoch.
+    With num_replicas > 1 (DDP) rank r serves batches r, r + num_replicas, ...; all
+    ranks serve equally many. An example larger than max_tokens on its own raises
+    a ValueError here: filter such examples out or raise max_tokens.
 
     Args:
         lengths: per example, its length n, or a (src_len, tgt_len) pair
@@ -464,9 +487,11 @@ class TokenBatchSampler:
         shuffle: shuffle examples and batch order each epoch; False gives one
             fixed order (windows of consecutive examples, each sorted by size).
         seed: the seed, the same on every rank.
-        drop_last: with num_replicas > 1, drop batches instead of repeating them.
+        drop_last: with num_replicas > 1, drop the surplus batches instead of
+            repeating the first ones to fill up.
         num_replicas, rank: the DDP world size and this process's rank.
-        bucket_size: how many examples are sorted together; None for all.
+        bucket_size: how many examples are sorted together; None for all,
+            1 for random batches.
     """
 
     def __init__(
@@ -482,53 +507,8 @@ class TokenBatchSampler:
     ) -> None:
         if isinstance(lengths, Tensor):
             lengths = lengths.tolist()
-        if len(lengths) == 0:
-            raise ValueError("TokenBatchSampler got no lengths; the data set is empty.")
-        for name, value, low in (
-            ("max_tokens", max_tokens, 1),
-            ("num_replicas", num_replicas, 1),
-            ("seed", seed, None),
-        ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or (low is not None and value < low)
-            ):
-                raise ValueError(
-                    f"{name} must be an int{f' >= {low}' if low else ''}, got {value!r}."
-                )
-        if (
-            isinstance(rank, bool)
-            or not isinstance(rank, int)
-            or not 0 <= rank < num_replicas
-        ):
-            raise ValueError(
-                f"rank must be an int in [0, num_replicas={num_replicas}), got {rank!r}."
-            )
-        if bucket_size is not None and (
-            isinstance(bucket_size, bool)
-            or not isinstance(bucket_size, int)
-            or bucket_size < 1
-        ):
-            raise ValueError(
-                f"bucket_size must be None (sort everything) or an int >= 1, got {bucket_size!r}."
-            )
-        pairs = isinstance(lengths[0], (tuple, list))
-        self.sizes = []
-        self._keys = []  # sort key: size first, then the source length
-        for i, length in enumerate(lengths):
-            if isinstance(length, (tuple, list)) != pairs:
-                raise ValueError(
-                    f"lengths must be all ints or all (src_len, tgt_len) pairs; entry {i} is {length!r}."
-                )
-            size = example_size(tuple(length) if pairs else length)
-            if size > max_tokens:
-                raise ValueError(
-                    f"example {i} (lengths {length!r}) needs {size} positions on its own, more than "
-                    f"max_tokens={max_tokens}; raise max_tokens or filter out examples that long."
-                )
-            self.sizes.append(size)
-            self._keys.append((size, _count(length[0])) if pairs else size)
+        _check_sampler_args(lengths, max_tokens, seed, num_replicas, rank, bucket_size)
+        self.sizes, self._keys = _sizes_and_keys(lengths, max_tokens)
         self.max_tokens = max_tokens
         self.shuffle = bool(shuffle)
         self.seed = seed
@@ -537,46 +517,49 @@ class TokenBatchSampler:
         self.rank = rank
         self.bucket_size = bucket_size
         self.epoch = 0
-        self._plan: tuple[int, list[list[int]]] | None = (
-            None  # (epoch, this rank's batches)
-        )
+        self._plan: tuple[int, list[list[int]]] | None = None  # (epoch, rank's batches)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use the batches of this epoch next (call it with the same epoch on every rank)."""
+        """Use the batches of this epoch next (call it with one epoch on every rank)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}.")
         self.epoch = epoch
 
     def all_batches(self, epoch: int | None = None) -> list[list[int]]:
-        """Every rank's batches of an epoch (default: the current one), in the order they are served."""
+        """Every rank's batches of an epoch (default: the current one), in order."""
         epoch = self.epoch if epoch is None else epoch
         n = len(self.sizes)
         g = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) % 2**63)
-        order = (
-            torch.randperm(n, generator=g).tolist() if self.shuffle else list(range(n))
-        )
-        window = self.bucket_size or n
-        for start in range(
-            0, n, window
-        ):  # sort each window; ties keep their shuffled order
+        if self.shuffle:  # step 1
+            order = torch.randperm(n, generator=g).tolist()
+        else:
+            order = list(range(n))
+        self._sort_windows(order)  # step 2
+        batches = self._cut(order)  # step 3
+        if self.shuffle:  # step 4
+            perm = torch.randperm(len(batches), generator=g).tolist()
+            batches = [batches[j] for j in perm]
+        return batches
+
+    def _sort_windows(self, order: list[int]) -> None:
+        """Sort each window of bucket_size examples by size; ties keep their order."""
+        window = self.bucket_size or len(order)
+        for start in range(0, len(order), window):
             order[start : start + window] = sorted(
                 order[start : start + window], key=self._keys.__getitem__
             )
+
+    def _cut(self, order: list[int]) -> list[list[int]]:
+        """Consecutive examples of order in batches of at most max_tokens positions."""
         batches, current, longest = [], [], 0
-        for i in (
-            order
-        ):  # greedy: close the batch when one more example would break the budget
+        for i in order:
             size = self.sizes[i]
             if current and (len(current) + 1) * max(longest, size) > self.max_tokens:
-                batches.append(current)
+                batches.append(current)  # one more example would break the budget
                 current, longest = [], 0
             current.append(i)
             longest = max(longest, size)
         batches.append(current)
-        if self.shuffle:
-            batches = [
-                batches[j] for j in torch.randperm(len(batches), generator=g).tolist()
-            ]
         return batches
 
     def _batches(self) -> list[list[int]]:
@@ -587,14 +570,13 @@ class TokenBatchSampler:
                 if self.drop_last:
                     if len(batches) < r:
                         raise ValueError(
-                            f"only {len(batches)} batches for {r} replicas with drop_last=True; "
-                            f"lower max_tokens or use drop_last=False."
+                            f"only {len(batches)} batches for {r} replicas with "
+                            f"drop_last=True; lower max_tokens or use drop_last=False."
                         )
                     batches = batches[: len(batches) // r * r]
-                else:
-                    batches = batches + [
-                        batches[j % len(batches)] for j in range(-len(batches) % r)
-                    ]
+                else:  # repeat the first ones to fill up
+                    extra = range(-len(batches) % r)
+                    batches = batches + [batches[j % len(batches)] for j in extra]
                 batches = batches[self.rank :: r]
             self._plan = (self.epoch, batches)
         return self._plan[1]
@@ -605,3 +587,68 @@ class TokenBatchSampler:
 
     def __len__(self) -> int:
         return len(self._batches())
+
+
+def _sizes_and_keys(lengths: Sequence[Any], max_tokens: int) -> tuple[list, list]:
+    """Each example's size and sort key (size, then source length), within budget."""
+    pairs = isinstance(lengths[0], (tuple, list))
+    sizes, keys = [], []
+    for i, length in enumerate(lengths):
+        if isinstance(length, (tuple, list)) != pairs:
+            raise ValueError(
+                f"lengths must be all ints or all (src_len, tgt_len) pairs; "
+                f"entry {i} is {length!r}."
+            )
+        size = example_size(tuple(length) if pairs else length)
+        if size > max_tokens:
+            raise ValueError(
+                f"example {i} (lengths {length!r}) needs {size} positions on its "
+                f"own, more than max_tokens={max_tokens}; raise max_tokens or "
+                f"filter out examples that long."
+            )
+        sizes.append(size)
+        keys.append((size, _count(length[0])) if pairs else size)
+    return sizes, keys
+
+
+def _check_sampler_args(
+    lengths: Sequence[Any],
+    max_tokens: int,
+    seed: int,
+    num_replicas: int,
+    rank: int,
+    bucket_size: int | None,
+) -> None:
+    """The arguments of TokenBatchSampler other than the lengths themselves."""
+    if len(lengths) == 0:
+        raise ValueError("TokenBatchSampler got no lengths; the data set is empty.")
+    for name, value, low in (
+        ("max_tokens", max_tokens, 1),
+        ("num_replicas", num_replicas, 1),
+        ("seed", seed, None),
+    ):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or (low is not None and value < low)
+        ):
+            raise ValueError(
+                f"{name} must be an int{f' >= {low}' if low else ''}, got {value!r}."
+            )
+    if (
+        isinstance(rank, bool)
+        or not isinstance(rank, int)
+        or not 0 <= rank < num_replicas
+    ):
+        raise ValueError(
+            f"rank must be an int in [0, num_replicas={num_replicas}), got {rank!r}."
+        )
+    if bucket_size is not None and (
+        isinstance(bucket_size, bool)
+        or not isinstance(bucket_size, int)
+        or bucket_size < 1
+    ):
+        raise ValueError(
+            f"bucket_size must be None (sort everything) or an int >= 1, "
+            f"got {bucket_size!r}."
+        )
