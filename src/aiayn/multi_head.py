@@ -22,32 +22,185 @@ __all__ = [
 ]
 
 
-# Chapter 3, "The module"
+# Chapter 3, "All heads in one product"
 def _split_heads(x: Tensor, n_heads: int) -> Tensor:
-    """[batch, seq, d_model] -> [batch, n_heads, seq, d_k]: head i, features i*d_k.. (chapter 3)."""
+    """[batch, seq, d_model] -> [batch, n_heads, seq, d_k] (chapter 3)."""
     return x.unflatten(-1, (n_heads, -1)).transpose(1, 2)  # [batch, n_heads, seq, d_k]
 
 
 def _merge_heads(x: Tensor) -> Tensor:
-    """[batch, n_heads, seq, d_k] -> [batch, seq, d_model]: Concat(head_1..head_h) (chapter 3)."""
+    """[batch, n_heads, seq, d_k] -> [batch, seq, d_model], the Concat (chapter 3)."""
     return x.transpose(1, 2).flatten(2)  # [batch, seq, d_model]
 
 
-def _fused_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float
-) -> Tensor:
-    """PyTorch's fused softmax(QK^T/sqrt(d_k))V, with zero output for empty rows (chapter 3)."""
-    if mask is None:
-        return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p
-        )  # [b, h, q_len, d_k]
-    empty = ~mask.any(
-        dim=-1, keepdim=True
-    )  # rows that may attend to nothing: [..., q_len, 1]
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask | empty, dropout_p=dropout_p
-    )
-    return out.masked_fill(empty, 0.0)  # [batch, heads, q_len, d_k]
+# Chapter 3, "The module"
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, Concat(head_1, ..., head_h) W^O (chapter 3; paper, 3.2.2).
+
+    Args:
+        d_model: size of the input and output vectors.
+        n_heads: number of heads h; each attends in d_k = d_model / h dimensions.
+        dropout: dropout rate on the attention weights, used in training mode only.
+        bias: whether the projections add biases (as in torch.nn.MultiheadAttention).
+
+    Attributes:
+        in_proj: nn.Linear(d_model, 3 * d_model); its weight rows are packed
+            [W^Q; W^K; W^V] like torch.nn.MultiheadAttention's in_proj_weight.
+        out_proj: nn.Linear(d_model, d_model), the output projection W^O.
+    """
+
+    def __init__(
+        self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True
+    ) -> None:
+        super().__init__()
+        _check_sizes(d_model, n_heads, dropout)
+        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V]
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+
+    def extra_repr(self) -> str:
+        """The sizes, shown by print(module)."""
+        sizes = f"d_model={self.d_model}, n_heads={self.n_heads}, d_k={self.d_k}"
+        return f"{sizes}, dropout={self.dropout}"
+
+    def forward(
+        self,
+        query: Tensor,
+        key_value: Tensor | None = None,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from every position of `query`, in all heads at once (chapter 3).
+
+        Args:
+            query: [batch, q_len, d_model], the positions that ask.
+            key_value: [batch, k_len, d_model], the sequence attended over
+                (cross-attention, e.g. the encoder output); None attends over
+                `query` itself (self-attention).
+            mask: boolean, True where a query may attend to a key, broadcastable
+                to [batch, n_heads, q_len, k_len]: e.g. [1, 1, q_len, k_len]
+                (causal), [batch, 1, 1, k_len] (padding) or [batch, 1, q_len,
+                k_len]. A 2-D [q_len, k_len] mask is refused when batch = q_len > 1,
+                where it could be PyTorch's key_padding_mask. With a
+                self-attention cache, k_len counts the cached positions too.
+            need_weights: if True, attend with chapter 1's
+                scaled_dot_product_attention and return the weights; if False,
+                use PyTorch's fused kernel and return None for them.
+            cache: a KVCache to read and update, for decoding step by step
+                (see KVCache); None for an ordinary call.
+
+        Returns:
+            The output [batch, q_len, d_model], and the attention weights
+            [batch, n_heads, q_len, k_len] (after dropout) or None. A query that
+            may attend to nothing gets zero attention in every head, so its
+            output row is out_proj's bias.
+        """
+        self._check_inputs(query, key_value, mask, cache)
+        q, k, v = self._project(query, key_value, cache)  # [b, h, q_len | k_len, d_k]
+        check_attention_inputs(q, k, v, mask)  # the mask must broadcast to the scores
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:  # chapter 1's function, which returns the weights
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        else:  # PyTorch's fused function
+            out, weights = _fused_attention(q, k, v, mask, dropout_p), None
+        return self.out_proj(_merge_heads(out)), weights  # [batch, q_len, d_model]
+
+    def _project(
+        self, query: Tensor, key_value: Tensor | None, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values split into heads, reading and updating `cache`."""
+        if key_value is not None:
+            return self._project_cross(query, key_value, cache)
+        q, k, v = self.in_proj(query).chunk(3, dim=-1)  # 3 x [batch, q_len, d_model]
+        q, k, v = (_split_heads(t, self.n_heads) for t in (q, k, v))  # [b, h, q, d_k]
+        if cache is not None:
+            if cache.k is not None and cache.v is not None:  # earlier positions first
+                k = torch.cat([cache.k, k], dim=2)  # [b, h, cached + q_len, d_k]
+                v = torch.cat([cache.v, v], dim=2)  # [b, h, cached + q_len, d_k]
+            cache.k, cache.v = k, v
+        return q, k, v
+
+    def _project_cross(
+        self, query: Tensor, key_value: Tensor, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries from `query`; keys and values from `key_value` or from `cache`."""
+        w_q, w_kv = self.in_proj.weight.split([self.d_model, 2 * self.d_model])
+        b_q = b_kv = None
+        if self.in_proj.bias is not None:
+            b_q, b_kv = self.in_proj.bias.split([self.d_model, 2 * self.d_model])
+        q = _split_heads(F.linear(query, w_q, b_q), self.n_heads)  # [b, h, q_len, d_k]
+        if cache is not None and cache.k is not None and cache.v is not None:
+            return q, cache.k, cache.v  # projected on the first call
+        k, v = F.linear(key_value, w_kv, b_kv).chunk(2, dim=-1)  # [b, k_len, d_model]
+        k, v = _split_heads(k, self.n_heads), _split_heads(v, self.n_heads)
+        if cache is not None:
+            cache.k, cache.v = k, v
+        return q, k, v
+
+    def _check_inputs(
+        self,
+        query: Tensor,
+        key_value: Tensor | None,
+        mask: Tensor | None,
+        cache: KVCache | None,
+    ) -> None:
+        """Stop bad input with a message that says what to change (chapter 3)."""
+        for name, t in (("query", query), ("key_value", key_value)):
+            if t is None:
+                continue
+            if t.dim() != 3:
+                raise ValueError(
+                    f"{name} must have shape [batch, seq_len, d_model], "
+                    f"got {tuple(t.shape)}; "
+                    f"for a single sequence use {name}.unsqueeze(0)."
+                )
+            if t.size(-1) != self.d_model:
+                raise ValueError(
+                    f"{name} has {t.size(-1)} features, but this layer was built "
+                    f"for d_model={self.d_model}; project the input or build the "
+                    f"layer with d_model={t.size(-1)}."
+                )
+        if key_value is not None and key_value.size(0) != query.size(0):
+            raise ValueError(
+                "query and key_value must have the same batch size, got "
+                f"{query.size(0)} and {key_value.size(0)}: each query sequence "
+                "attends over its own key_value sequence."
+            )
+        if mask is not None and mask.dim() not in (2, 4):
+            raise ValueError(
+                "mask must be [q_len, k_len] or [batch, n_heads or 1, q_len or 1, "
+                f"k_len], got shape {tuple(mask.shape)}; for a [batch, q_len, k_len] "
+                "mask pass mask.unsqueeze(1), the same mask for every head."
+            )
+        if cache is not None and cache.k is not None:
+            expected = (query.size(0), self.n_heads, self.d_k)
+            found = (cache.k.size(0), cache.k.size(1), cache.k.size(-1))
+            if found != expected:
+                raise ValueError(
+                    f"the cache holds keys for (batch, n_heads, d_k) = {found}, but "
+                    f"this call needs {expected}; give every layer its own KVCache "
+                    "and call KVCache.reorder when the batch changes."
+                )
+
+
+def _check_sizes(d_model: int, n_heads: int, dropout: float) -> None:
+    """Stop a layer that cannot be built, with a message that says why (chapter 3)."""
+    if n_heads < 1 or d_model < 1:
+        raise ValueError(
+            "d_model and n_heads must be positive, "
+            f"got d_model={d_model}, n_heads={n_heads}."
+        )
+    if d_model % n_heads != 0:
+        fitting = [h for h in range(1, 17) if d_model % h == 0]
+        raise ValueError(
+            f"d_model={d_model} is not divisible by n_heads={n_heads}: every head "
+            "needs d_k = d_model / n_heads dimensions. Choose n_heads among the "
+            f"divisors of d_model, e.g. {fitting}, or change d_model."
+        )
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
 
 
 @dataclass
@@ -79,185 +232,20 @@ class KVCache:
         return 0 if self.k is None else self.k.size(-2)
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows `index`, in that order, e.g. the surviving beams of a beam search."""
+        """Keep the batch rows `index`, in that order (e.g. the surviving beams)."""
         if self.k is not None and self.v is not None:
             self.k = self.k.index_select(0, index)  # [len(index), n_heads, seq, d_k]
             self.v = self.v.index_select(0, index)  # [len(index), n_heads, seq, d_k]
 
 
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention, Concat(head_1, ..., head_h) W^O (chapter 3; paper, section 3.2.2).
-
-    Args:
-        d_model: size of the input and output vectors.
-        n_heads: number of heads h; each attends in d_k = d_model / h dimensions.
-        dropout: dropout rate on the attention weights, used in training mode only.
-        bias: whether the projections add biases (as in torch.nn.MultiheadAttention).
-
-    Attributes:
-        in_proj: nn.Linear(d_model, 3 * d_model); its weight rows are packed
-            [W^Q; W^K; W^V] like torch.nn.MultiheadAttention's in_proj_weight.
-        out_proj: nn.Linear(d_model, d_model), the output projection W^O.
-    """
-
-    def __init__(
-        self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True
-    ) -> None:
-        super().__init__()
-        if n_heads < 1 or d_model < 1:
-            raise ValueError(
-                f"d_model and n_heads must be positive, got d_model={d_model}, n_heads={n_heads}."
-            )
-        if d_model % n_heads != 0:
-            fitting = [h for h in range(1, 17) if d_model % h == 0]
-            raise ValueError(
-                f"d_model={d_model} is not divisible by n_heads={n_heads}: every head needs "
-                f"d_k = d_model / n_heads dimensions. Choose n_heads among the divisors of "
-                f"d_model, e.g. {fitting}, or change d_model."
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
-        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
-        self.dropout = dropout
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V]
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
-
-    def extra_repr(self) -> str:
-        """The sizes, shown by print(module)."""
-        sizes = f"d_model={self.d_model}, n_heads={self.n_heads}, d_k={self.d_k}"
-        return f"{sizes}, dropout={self.dropout}"
-
-    def forward(
-        self,
-        query: Tensor,
-        key_value: Tensor | None = None,
-        mask: Tensor | None = None,
-        need_weights: bool = False,
-        cache: KVCache | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Attend from every position of `query`, in all heads at once (chapter 3).
-
-        Args:
-            query: [batch, q_len, d_model], the positions that ask.
-            key_value: [batch, k_len, d_model], the sequence attended over
-                (cross-attention, e.g. the encoder output); None attends over
-                `query` itself (self-attention).
-            mask: boolean, True where a query may attend to a key, broadcastable
-                to [batch, n_heads, q_len, k_len]: e.g. [1, 1, q_len, k_len]
-                (causal), [batch, 1, 1, k_len] (padding) or [batch, 1, q_len,
-                k_len]. A 2-D [q_len, k_len] mask is refused when batch = q_len > 1,
-                where it could be PyTorch's key_padding_mask. With
-                a self-attention cache, k_len counts the cached positions too.
-            need_weights: if True, attend with chapter 1's
-                scaled_dot_product_attention and return the weights; if False,
-                use PyTorch's fused kernel and return None for them.
-            cache: a KVCache to read and update, for decoding step by step
-                (see KVCache); None for an ordinary call.
-
-        Returns:
-            The output [batch, q_len, d_model], and the attention weights
-            [batch, n_heads, q_len, k_len] (after dropout) or None. A query that
-            may attend to nothing gets zero attention in every head, so its
-            output row is out_proj's bias.
-        """
-        self._check_inputs(query, key_value, mask, cache)
-        q, k, v = self._project(
-            query, key_value, cache
-        )  # [batch, n_heads, q_len or k_len, d_k]
-        check_attention_inputs(q, k, v, mask)  # the mask must broadcast to the scores
-        dropout_p = self.dropout if self.training else 0.0
-        if need_weights:
-            out, weights = scaled_dot_product_attention(
-                q, k, v, mask, dropout_p
-            )  # [b, h, q_len, d_k]
-        else:
-            out, weights = (
-                _fused_attention(q, k, v, mask, dropout_p),
-                None,
-            )  # [b, h, q_len, d_k]
-        return self.out_proj(_merge_heads(out)), weights  # [batch, q_len, d_model]
-
-    def _project(
-        self, query: Tensor, key_value: Tensor | None, cache: KVCache | None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values split into heads, reading and updating `cache` (chapter 3)."""
-        if key_value is None:  # self-attention: Q, K and V in one product
-            q, k, v = self.in_proj(query).chunk(
-                3, dim=-1
-            )  # 3 x [batch, q_len, d_model]
-            q, k, v = (
-                _split_heads(t, self.n_heads) for t in (q, k, v)
-            )  # [b, h, q_len, d_k]
-            if cache is not None:
-                if cache.k is not None and cache.v is not None:
-                    k = torch.cat(
-                        [cache.k, k], dim=2
-                    )  # [batch, n_heads, cached + q_len, d_k]
-                    v = torch.cat(
-                        [cache.v, v], dim=2
-                    )  # [batch, n_heads, cached + q_len, d_k]
-                cache.k, cache.v = k, v
-            return q, k, v
-        # Cross-attention: W^Q is the first d_model rows of the packed weight, W^K and W^V the rest.
-        w_q, w_kv = self.in_proj.weight.split([self.d_model, 2 * self.d_model])
-        b_q = b_kv = None
-        if self.in_proj.bias is not None:
-            b_q, b_kv = self.in_proj.bias.split([self.d_model, 2 * self.d_model])
-        q = _split_heads(
-            F.linear(query, w_q, b_q), self.n_heads
-        )  # [batch, n_heads, q_len, d_k]
-        if cache is not None and cache.k is not None and cache.v is not None:
-            return q, cache.k, cache.v  # projected on the first call
-        k, v = F.linear(key_value, w_kv, b_kv).chunk(
-            2, dim=-1
-        )  # 2 x [batch, k_len, d_model]
-        k, v = (
-            _split_heads(k, self.n_heads),
-            _split_heads(v, self.n_heads),
-        )  # [b, h, k_len, d_k]
-        if cache is not None:
-            cache.k, cache.v = k, v
-        return q, k, v
-
-    def _check_inputs(
-        self,
-        query: Tensor,
-        key_value: Tensor | None,
-        mask: Tensor | None,
-        cache: KVCache | None,
-    ) -> None:
-        """Stop bad input with a message that says what to change (chapter 3)."""
-        for name, t in (("query", query), ("key_value", key_value)):
-            if t is None:
-                continue
-            if t.dim() != 3:
-                raise ValueError(
-                    f"{name} must have shape [batch, seq_len, d_model], got {tuple(t.shape)}; "
-                    f"for a single sequence use {name}.unsqueeze(0)."
-                )
-            if t.size(-1) != self.d_model:
-                raise ValueError(
-                    f"{name} has {t.size(-1)} features, but this layer was built for "
-                    f"d_model={self.d_model}; project the input or build the layer with "
-                    f"d_model={t.size(-1)}."
-                )
-        if key_value is not None and key_value.size(0) != query.size(0):
-            raise ValueError(
-                f"query and key_value must have the same batch size, got {query.size(0)} and "
-                f"{key_value.size(0)}: each query sequence attends over its own key_value sequence."
-            )
-        if mask is not None and mask.dim() not in (2, 4):
-            raise ValueError(
-                f"mask must be [q_len, k_len] or [batch, n_heads or 1, q_len or 1, k_len], got "
-                f"shape {tuple(mask.shape)}; for a [batch, q_len, k_len] mask pass "
-                f"mask.unsqueeze(1), the same mask for every head."
-            )
-        if cache is not None and cache.k is not None:
-            expected = (query.size(0), self.n_heads, self.d_k)
-            found = (cache.k.size(0), cache.k.size(1), cache.k.size(-1))
-            if found != expected:
-                raise ValueError(
-                    f"the cache holds keys for (batch, n_heads, d_k) = {found}, but this call "
-                    f"needs {expected}; give every layer its own KVCache and call "
-                    f"KVCache.reorder when the batch changes."
-                )
+def _fused_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float
+) -> Tensor:
+    """PyTorch's fused softmax(QK^T/sqrt(d_k))V, zero for empty rows (chapter 3)."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    empty = ~mask.any(dim=-1, keepdim=True)  # rows that may attend to nothing
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask | empty, dropout_p=dropout_p
+    )  # [batch, n_heads, q_len, d_k]
+    return out.masked_fill(empty, 0.0)  # [batch, n_heads, q_len, d_k]
