@@ -20,42 +20,10 @@ __all__ = [
 
 
 # Chapter 7, "One encoder layer"
-def _check_positive_int(name: str, value: int, hint: str) -> None:
-    """Refuse a size that is not a positive int (chapter 7)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int of at least 1, got {value!r}; {hint}")
-
-
-def _check_source(x: Tensor, mask: Tensor | None, d_model: int) -> None:
-    """Stop a bad source or mask with a message that says what to change (chapter 7)."""
-    if not isinstance(x, Tensor) or x.dim() != 3:
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(
-            f"the encoder takes embedded source tokens [batch, src_len, d_model], got {shape}; "
-            f"embed token ids first (chapter 9), and use x.unsqueeze(0) for a single sentence."
-        )
-    if x.size(-1) != d_model:
-        raise ValueError(
-            f"the encoder was built for d_model={d_model}, but its input has {x.size(-1)} "
-            f"features (shape {tuple(x.shape)}); project the input or build it with d_model={x.size(-1)}."
-        )
-    batch, src_len = x.shape[:2]
-    if (
-        mask is not None
-        and mask.dim() == 2
-        and batch != src_len
-        and tuple(mask.shape) == (batch, src_len)
-    ):
-        raise ValueError(
-            f"a mask of shape [batch, src_len] = {tuple(mask.shape)} looks like PyTorch's "
-            f"src_key_padding_mask; pass aiayn.masks.padding_mask(tokens, pad_id), shape "
-            f"[batch, 1, 1, src_len] with True = real token (from a PyTorch mask, True = padding: "
-            f"(~mask)[:, None, None, :])."
-        )
-
-
 class EncoderLayer(nn.Module):
-    """Encoder layer: self-attention, then the FFN, each with residual + LayerNorm (chapter 7; paper 3.1).
+    """Encoder layer: self-attention, then the FFN, each with Add & Norm (chapter 7).
+
+    The layer of paper 3.1.
 
     Args:
         d_model: width of the input and output vectors (512 in the base model).
@@ -70,7 +38,8 @@ class EncoderLayer(nn.Module):
     Attributes:
         self_attn: the MultiHeadAttention (chapter 3).
         ffn: the PositionwiseFeedForward (chapter 6).
-        res_attn, res_ffn: the Residual wrappers (chapter 6), with their LayerNorm and dropout.
+        res_attn, res_ffn: the Residual wrappers (chapter 6), with their LayerNorm
+            and dropout.
     """
 
     def __init__(
@@ -85,45 +54,88 @@ class EncoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         _check_positive_int("d_ff", d_ff, "the paper uses d_ff = 4 * d_model.")
-        if not eps > 0:
-            raise ValueError(
-                f"eps must be positive, got {eps}; LayerNorm divides by sqrt(variance + eps)."
-            )
+        _check_eps(eps)
         self.d_model, self.norm_first = d_model, norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
         self.ffn = PositionwiseFeedForward(
             d_model, d_ff, dropout=dropout, activation=activation
         )
-        self.res_attn = Residual(
-            d_model, dropout=dropout, norm_first=norm_first, eps=eps
-        )
-        self.res_ffn = Residual(
-            d_model, dropout=dropout, norm_first=norm_first, eps=eps
-        )
+        kw = {"dropout": dropout, "norm_first": norm_first, "eps": eps}
+        self.res_attn = Residual(d_model, **kw)  # around the self-attention
+        self.res_ffn = Residual(d_model, **kw)  # around the feed-forward network
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Encode every position of x [batch, src_len, d_model]; the same shape comes out (chapter 7).
+        """Encode every position of x [batch, src_len, d_model] (chapter 7).
 
         Args:
             x: the source vectors [batch, src_len, d_model].
             mask: boolean, True where a position may be attended to: the padding
                 mask [batch, 1, 1, src_len] of aiayn.masks.padding_mask, or any
                 mask broadcastable to [batch, n_heads, src_len, src_len].
+
+        Returns:
+            The encoded positions, [batch, src_len, d_model].
         """
         _check_source(x, mask, self.d_model)
-        x = self.res_attn(
-            x, lambda h: self.self_attn(h, mask=mask)[0]
-        )  # [batch, src_len, d_model]
+        x = self.res_attn(x, lambda h: self.self_attn(h, mask=mask)[0])  # [b, n, d]
         return self.res_ffn(x, self.ffn)  # [batch, src_len, d_model]
+
+
+def _check_positive_int(name: str, value: int, hint: str) -> None:
+    """Refuse a size that is not a positive int (chapter 7)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int of at least 1, got {value!r}; {hint}")
+
+
+def _check_eps(eps: float) -> None:
+    """LayerNorm's epsilon must be positive (chapter 7)."""
+    if not eps > 0:
+        raise ValueError(
+            f"eps must be positive, got {eps}; "
+            "LayerNorm divides by sqrt(variance + eps)."
+        )
+
+
+def _check_source(x: Tensor, mask: Tensor | None, d_model: int) -> None:
+    """Stop a bad source or mask with a message that says what to change (chapter 7)."""
+    if not isinstance(x, Tensor) or x.dim() != 3:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(
+            "the encoder takes embedded source tokens [batch, src_len, d_model], "
+            f"got {shape}; embed token ids first (chapter 9), and use "
+            "x.unsqueeze(0) for a single sentence."
+        )
+    if x.size(-1) != d_model:
+        raise ValueError(
+            f"the encoder was built for d_model={d_model}, but its input has "
+            f"{x.size(-1)} features (shape {tuple(x.shape)}); project the input or "
+            f"build it with d_model={x.size(-1)}."
+        )
+    batch, src_len = x.shape[:2]
+    if (
+        mask is not None
+        and mask.dim() == 2
+        and batch != src_len
+        and tuple(mask.shape) == (batch, src_len)
+    ):
+        raise ValueError(
+            f"a mask of shape [batch, src_len] = {tuple(mask.shape)} looks like "
+            "PyTorch's src_key_padding_mask; pass aiayn.masks.padding_mask(tokens, "
+            "pad_id), shape [batch, 1, 1, src_len] with True = real token (from a "
+            "PyTorch mask, True = padding: (~mask)[:, None, None, :])."
+        )
 
 
 # Chapter 7, "The stack of $N$ layers"
 class Encoder(nn.Module):
-    """The encoder: N identical EncoderLayers and an optional final LayerNorm (chapter 7; paper 3.1).
+    """The encoder: N EncoderLayers and an optional final LayerNorm (chapter 7).
+
+    The stack of paper 3.1.
 
     Args:
         n_layers: number of layers N (6 in the paper).
-        d_model, n_heads, d_ff, dropout, activation, norm_first, eps: as for EncoderLayer.
+        d_model, n_heads, d_ff, dropout, activation, norm_first, eps: as for
+            EncoderLayer.
         final_norm: whether a LayerNorm follows the last layer; None (the default)
             means exactly when norm_first, which a pre-norm stack needs.
             torch.nn.Transformer adds one to post-norm stacks too (final_norm=True).
@@ -153,17 +165,21 @@ class Encoder(nn.Module):
             for _ in range(n_layers)
         )
         if final_norm is None:
-            final_norm = norm_first  # post-norm layers end normalized already; pre-norm ones do not
+            # post-norm layers end normalized already; pre-norm ones do not
+            final_norm = norm_first
         self.norm = nn.LayerNorm(d_model, eps=eps) if final_norm else None
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Run the source [batch, src_len, d_model] through every layer; the same shape comes out (chapter 7).
+        """Run the source [batch, src_len, d_model] through every layer (chapter 7).
 
         Args:
             x: the embedded source [batch, src_len, d_model] (token embedding plus
                 positional encoding, chapter 9).
             mask: the source padding mask [batch, 1, 1, src_len], True = real token,
                 or any mask broadcastable to [batch, n_heads, src_len, src_len].
+
+        Returns:
+            The encoder's output, the same shape as x.
         """
         _check_source(x, mask, self.d_model)
         for layer in self.layers:
