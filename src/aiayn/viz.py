@@ -54,7 +54,7 @@ ATTENTION_KINDS = ("encoder", "decoder_self", "cross")
 
 
 def attention_layers(model: nn.Module) -> dict[str, list[MultiHeadAttention]]:
-    """The model's MultiHeadAttention modules by kind, each list in layer order (chapter 17).
+    """The model's MultiHeadAttention modules by kind, in layer order (chapter 17).
 
     "encoder" is the self-attention of every EncoderLayer (chapter 7), "decoder_self"
     and "cross" the two attentions of every DecoderLayer (chapter 8).
@@ -68,31 +68,39 @@ def attention_layers(model: nn.Module) -> dict[str, list[MultiHeadAttention]]:
             found["cross"].append(module.cross_attn)
     if not any(found.values()):
         raise ValueError(
-            f"{type(model).__name__} holds no EncoderLayer or DecoderLayer, so it has no attention "
-            f"to record; pass a Transformer (chapter 9) or a model built from its layers (chapter 10)."
+            f"{type(model).__name__} holds no EncoderLayer or DecoderLayer, so it has "
+            "no attention to record; pass a Transformer (chapter 9) or a model built "
+            "from its layers (chapter 10)."
         )
     return found
 
 
 def _join(calls: list[Tensor]) -> Tensor:
-    """One layer's calls [batch, heads, q_i, k_i] -> [batch, heads, sum q_i, max k_i], keys zero-padded (chapter 17)."""
+    """One layer's calls, stacked along the queries, keys zero-padded (chapter 17).
+
+    [batch, heads, q_i, k_i] each -> [batch, heads, sum q_i, max k_i].
+    """
     if len(calls) == 1:
         return calls[0]
-    sizes = sorted({tuple(w.shape[:2]) for w in calls})
-    if len(sizes) > 1:
-        raise ValueError(
-            f"one layer ran on different (batch, heads) sizes {sizes} inside one record_attention "
-            f"block; record one forward pass, or one step-by-step decoding of one batch, per block."
-        )
+    _check_one_batch(calls)
     k_len = max(w.size(-1) for w in calls)
-    padded = [
-        F.pad(w, (0, k_len - w.size(-1))) for w in calls
-    ]  # each [batch, heads, q_i, k_len]
+    padded = [F.pad(w, (0, k_len - w.size(-1))) for w in calls]  # [b, h, q_i, k_len]
     return torch.cat(padded, dim=2)  # [batch, heads, sum q_i, k_len]
 
 
+def _check_one_batch(calls: list[Tensor]) -> None:
+    """A clear error when one layer's calls differ in (batch, heads) (chapter 17)."""
+    sizes = sorted({tuple(w.shape[:2]) for w in calls})
+    if len(sizes) > 1:
+        raise ValueError(
+            f"one layer ran on different (batch, heads) sizes {sizes} inside one "
+            "record_attention block; record one forward pass, or one step-by-step "
+            "decoding of one batch, per block."
+        )
+
+
 class AttentionRecord(Mapping[str, list[Tensor]]):
-    """The weights that record_attention saw: kind -> one [batch, heads, q_len, k_len] per layer (chapter 17).
+    """What record_attention saw: kind -> a [b, h, q, k] per layer (chapter 17).
 
     A kind is present once all its layers have run. A layer that ran several times
     (decoding step by step with a cache) has its calls stacked along the query
@@ -110,11 +118,13 @@ class AttentionRecord(Mapping[str, list[Tensor]]):
     def __getitem__(self, kind: str) -> list[Tensor]:
         if kind not in self._calls:
             raise KeyError(
-                f"{kind!r}: the model has no such attention; it has {list(self._calls)}."
+                f"{kind!r}: the model has no such attention; "
+                f"it has {list(self._calls)}."
             )
         if not all(self._calls[kind]):
             raise KeyError(
-                f"{kind!r}: nothing recorded; run the model inside the record_attention block."
+                f"{kind!r}: nothing recorded; run the model inside the "
+                "record_attention block."
             )
         return [_join(calls) for calls in self._calls[kind]]
 
@@ -125,17 +135,16 @@ class AttentionRecord(Mapping[str, list[Tensor]]):
         return sum(1 for _ in self)
 
     def stacked(self, kind: str) -> Tensor:
-        """All layers of one kind in one tensor, [layers, batch, heads, q_len, k_len]."""
+        """All layers of one kind in one tensor, [layers, batch, heads, q, k]."""
         return torch.stack(self[kind])  # [layers, batch, heads, q_len, k_len]
 
 
 def _ask_for_weights(
     asked: list[bool], module: nn.Module, args: tuple, kwargs: dict
 ) -> tuple[tuple, dict]:
-    """Forward pre-hook: run the layer with need_weights=True, noting what the caller asked (chapter 17)."""
-    if (
-        len(args) > 3
-    ):  # need_weights given by position: forward(query, key_value, mask, need_weights, ...)
+    """Forward pre-hook: need_weights=True, noting what was asked (chapter 17)."""
+    # forward(query, key_value, mask, need_weights, ...): given by position?
+    if len(args) > 3:
         asked.append(bool(args[3]))
         return (*args[:3], True, *args[4:]), kwargs
     asked.append(bool(kwargs.get("need_weights", False)))
@@ -152,7 +161,7 @@ def _keep_weights(
     kwargs: dict,
     output: tuple[Tensor, Tensor | None],
 ) -> tuple[Tensor, Tensor | None]:
-    """Forward hook: store the weights, and return to the caller what it asked for (chapter 17)."""
+    """Forward hook: keep the weights, return what was asked for (chapter 17)."""
     out, weights = output
     record._add(kind, layer, weights)
     return out, (weights if asked.pop() else None)
@@ -160,7 +169,7 @@ def _keep_weights(
 
 @contextlib.contextmanager
 def record_attention(model: nn.Module) -> Iterator[AttentionRecord]:
-    """Record the weights of every attention layer and head while the block runs (chapter 17).
+    """Record the weights of every attention layer and head in the block (chapter 17).
 
     Hooks make each MultiHeadAttention compute its weights (need_weights=True) and
     keep them; the model's code is untouched and the hooks are removed when the
@@ -170,7 +179,7 @@ def record_attention(model: nn.Module) -> Iterator[AttentionRecord]:
 
         with record_attention(model) as record:
             model(src, tgt_in)
-        record["cross"][0]  # the first layer's cross-attention, [batch, heads, tgt_len, src_len]
+        record["cross"][0]  # layer 0's cross-attention, [batch, heads, tgt, src]
     """
     layers = attention_layers(model)
     record = AttentionRecord(layers)
@@ -178,20 +187,11 @@ def record_attention(model: nn.Module) -> Iterator[AttentionRecord]:
     try:
         for kind, modules in layers.items():
             for layer, module in enumerate(modules):
-                asked: list[
-                    bool
-                ] = []  # the callers' own need_weights, one per call in progress
-                handles.append(
-                    module.register_forward_pre_hook(
-                        partial(_ask_for_weights, asked), with_kwargs=True
-                    )
-                )
-                handles.append(
-                    module.register_forward_hook(
-                        partial(_keep_weights, record, kind, layer, asked),
-                        with_kwargs=True,
-                    )
-                )
+                asked: list[bool] = []  # the callers' need_weights, one per call
+                ask = partial(_ask_for_weights, asked)
+                keep = partial(_keep_weights, record, kind, layer, asked)
+                handles.append(module.register_forward_pre_hook(ask, with_kwargs=True))
+                handles.append(module.register_forward_hook(keep, with_kwargs=True))
         yield record
     finally:
         for handle in handles:
@@ -202,7 +202,7 @@ def record_attention(model: nn.Module) -> Iterator[AttentionRecord]:
 def attention_maps(
     model: Transformer, src: Tensor, tgt_in: Tensor
 ) -> dict[str, Tensor]:
-    """Teacher-forced weights of every layer and head: kind -> [layers, batch, heads, q_len, k_len] (chapter 17).
+    """Teacher-forced weights: kind -> [layers, batch, heads, q, k] (chapter 17).
 
     Runs model(src, tgt_in) once in eval mode (no dropout) and restores the mode.
     "encoder" is [..., src_len, src_len], "decoder_self" [..., tgt_len, tgt_len] and
@@ -211,7 +211,8 @@ def attention_maps(
     """
     if not isinstance(model, Transformer):
         raise ValueError(
-            f"attention_maps takes a Transformer (chapter 9), got {type(model).__name__}."
+            "attention_maps takes a Transformer (chapter 9), "
+            f"got {type(model).__name__}."
         )
     with eval_mode(model):
         with record_attention(model) as record:
@@ -221,7 +222,7 @@ def attention_maps(
 
 # Chapter 17, "One sentence, every layer and head"
 def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """The vocabulary entry of each id, e.g. the subword pieces of a sentence, for axis labels (chapter 17).
+    """The vocabulary entry of each id, e.g. subword pieces, for labels (chapter 17).
 
     Uses the tokenizer's id_to_token, or that of the Hugging Face tokenizer it
     wraps (its .tokenizer, as in chapter 16's SubwordTokenizer), or its itos list
@@ -237,7 +238,7 @@ def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
 
 @dataclass
 class SentenceAttention:
-    """The attention of one sentence pair in every layer and head, with its tokens (chapter 17).
+    """One sentence pair's attention in every layer and head, with tokens (chapter 17).
 
     Attributes:
         source: the source tokens, S of them: the keys of "encoder" and "cross".
@@ -245,7 +246,8 @@ class SentenceAttention:
             translation): the queries and keys of "decoder_self".
         output: the token each decoder position predicts (the translation, then
             the end token), T of them: the queries of "cross".
-        weights: kind -> [layers, heads, q_len, k_len], attention_maps without the batch.
+        weights: kind -> [layers, heads, q_len, k_len], attention_maps without the
+            batch.
     """
 
     source: list[str]
@@ -279,7 +281,7 @@ class SentenceAttention:
 def sentence_attention(
     model: Transformer, tokenizer: Any, source: str, target: str | None = None
 ) -> SentenceAttention:
-    """Attention of one sentence and its translation, teacher-forced, with the tokens (chapter 17).
+    """One sentence and its translation, teacher-forced, with the tokens (chapter 17).
 
     Args:
         model: a trained Transformer.
@@ -294,29 +296,31 @@ def sentence_attention(
         raise ValueError(
             f"the source {source!r} has no tokens; pass a non-empty sentence."
         )
-    device = next(model.parameters()).device
-    src = torch.tensor([src_ids], device=device)  # [1, src_len]
-    if target is None:
-        result = greedy_search(model, src)
-        y = result.tokens[
-            0, : int(result.lengths[0])
-        ].tolist()  # the translation and its end token
-        y = y[: c.max_len - 1]  # with the start token, at most max_len positions
-    else:
-        y = list(tokenizer.encode(target))
-    y = [
-        i for i in y if i not in (c.bos_id, c.eos_id)
-    ]  # the start and end tokens are added below
-    tgt_in = torch.tensor([[c.bos_id] + y], device=device)  # [1, tgt_len]
-    maps = attention_maps(
-        model, src, tgt_in
-    )  # kind -> [layers, 1, heads, q_len, k_len]
+    src = torch.tensor([src_ids], device=next(model.parameters()).device)  # [1, S]
+    y = _translation_ids(model, tokenizer, src, target)
+    tgt_in = torch.tensor([[c.bos_id] + y], device=src.device)  # [1, tgt_len]
+    maps = attention_maps(model, src, tgt_in)  # kind -> [layers, 1, h, q, k]
     return SentenceAttention(
         source=token_strings(tokenizer, src_ids),
         target=token_strings(tokenizer, [c.bos_id] + y),
         output=token_strings(tokenizer, y + [c.eos_id]),
         weights={kind: w[:, 0].cpu() for kind, w in maps.items()},
     )
+
+
+def _translation_ids(
+    model: Transformer, tokenizer: Any, src: Tensor, target: str | None
+) -> list[int]:
+    """The target's ids, or the greedy output's, without start and end (chapter 17)."""
+    c = model.config
+    if target is None:
+        result = greedy_search(model, src)
+        # the translation and its end token
+        y = result.tokens[0, : int(result.lengths[0])].tolist()
+        y = y[: c.max_len - 1]  # with the start token, at most max_len positions
+    else:
+        y = list(tokenizer.encode(target))
+    return [i for i in y if i not in (c.bos_id, c.eos_id)]
 
 
 # Chapter 17, "Charts"
@@ -350,7 +354,7 @@ def _altair() -> Any:
 
 
 def _rows(sa: SentenceAttention, kind: str) -> list[dict[str, Any]]:
-    """One row per (layer, head, query) of one kind, with its key positions and weights as lists (chapter 17)."""
+    """A row per (layer, head, query); keys and weights as lists (chapter 17)."""
     w = sa.weights[kind]  # [layers, heads, q_len, k_len]
     values = w.double().round(decimals=3).tolist()  # in float64, 0.044 prints as 0.044
     # The decoder's query i sees keys 0..i only: the others are left out of the chart.
@@ -370,16 +374,14 @@ def _rows(sa: SentenceAttention, kind: str) -> list[dict[str, Any]]:
 
 
 def _weights_chart(sa: SentenceAttention, kind: str, title: str = "") -> Any:
-    """A chart of one kind's weights, one datum per weight with its tokens; marks and encodings to add (chapter 17)."""
+    """One kind's weights, a datum per weight with its tokens, to draw (chapter 17)."""
     alt = _altair()
     import pandas as pd
 
     queries, keys = sa.axes(kind)
     return (
         alt.Chart(pd.DataFrame(_rows(sa, kind)), title=title)
-        .transform_flatten(
-            ["key", "weight"]  # one datum per (query, key)
-        )
+        .transform_flatten(["key", "weight"])  # one datum per (query, key)
         .transform_calculate(
             **{
                 "query token": f"{json.dumps(queries)}[datum.query]",
@@ -390,7 +392,7 @@ def _weights_chart(sa: SentenceAttention, kind: str, title: str = "") -> Any:
 
 
 def _token_axis(tokens: Sequence[str], title: str, **kwargs: Any) -> Any:
-    """An axis over positions 0, 1, ... that shows the token at each position (chapter 17)."""
+    """An axis over positions 0, 1, ... that shows the token at each (chapter 17)."""
     return _altair().Axis(
         title=title, labelExpr=f"{json.dumps(list(tokens))}[datum.value]", **kwargs
     )
@@ -403,7 +405,7 @@ def attention_chart(
     head: int = 0,
     cell: int = 16,
 ) -> Any:
-    """Heatmaps of one sentence pair's attention, side by side; sliders pick the layer and head (chapter 17).
+    """One sentence pair's heatmaps; sliders pick the layer and head (chapter 17).
 
     Args:
         sa: from sentence_attention.
@@ -413,25 +415,9 @@ def attention_chart(
     """
     alt = _altair()
     kinds = tuple(sa.weights) if kinds is None else tuple(kinds)
-    if not kinds:
-        raise ValueError(f"kinds is empty; choose some of {tuple(sa.weights)}.")
-    for kind in kinds:
-        sa.axes(kind)  # a clear error for an unknown kind
-    n_layers = max(sa.n_layers[kind] for kind in kinds)
-    if not (0 <= layer < n_layers and 0 <= head < sa.n_heads):
-        raise ValueError(
-            f"layer must be in [0, {n_layers}) and head in [0, {sa.n_heads}), got {layer}, {head}."
-        )
-    layer_p = alt.param(
-        name="layer",
-        value=layer,
-        bind=alt.binding_range(min=0, max=n_layers - 1, step=1, name="layer "),
-    )
-    head_p = alt.param(
-        name="head",
-        value=head,
-        bind=alt.binding_range(min=0, max=sa.n_heads - 1, step=1, name="head "),
-    )
+    n_layers = _check_chart(sa, kinds, layer, head)
+    layer_p = _slider("layer", layer, n_layers)
+    head_p = _slider("head", head, sa.n_heads)
     charts = []
     for kind in kinds:
         queries, keys = sa.axes(kind)
@@ -454,8 +440,32 @@ def attention_chart(
     return alt.hconcat(*charts).add_params(layer_p, head_p)
 
 
+def _slider(name: str, value: int, n: int) -> Any:
+    """A parameter bound to a slider over 0 .. n - 1 (chapter 17)."""
+    alt = _altair()
+    binding = alt.binding_range(min=0, max=n - 1, step=1, name=f"{name} ")
+    return alt.param(name=name, value=value, bind=binding)
+
+
+def _check_chart(
+    sa: SentenceAttention, kinds: tuple[str, ...], layer: int, head: int
+) -> int:
+    """Check attention_chart's kinds, layer and head; the layers (chapter 17)."""
+    if not kinds:
+        raise ValueError(f"kinds is empty; choose some of {tuple(sa.weights)}.")
+    for kind in kinds:
+        sa.axes(kind)  # a clear error for an unknown kind
+    n_layers = max(sa.n_layers[kind] for kind in kinds)
+    if not (0 <= layer < n_layers and 0 <= head < sa.n_heads):
+        raise ValueError(
+            f"layer must be in [0, {n_layers}) and head in [0, {sa.n_heads}), "
+            f"got {layer}, {head}."
+        )
+    return n_layers
+
+
 def heads_chart(sa: SentenceAttention, kind: str, cell: int = 7) -> Any:
-    """Every layer (rows) and head (columns) of one kind at once, small; hover for the tokens (chapter 17)."""
+    """Every layer (rows) and head (columns) of one kind, small (chapter 17)."""
     alt = _altair()
     sa.axes(kind)
     return (
@@ -515,7 +525,7 @@ def _key_sets(
     special: Mapping[str, Collection[int]],
     read: Tensor | None = None,
 ) -> dict[str, Tensor]:
-    """For each weight statistic of one kind, the keys S_i it sums over: bool [batch, q_len, k_len] (chapter 17).
+    """The keys S_i of each weight statistic: bool [batch, q_len, k_len] (chapter 17).
 
     q_tokens label the queries (for "cross", the tokens predicted), k_tokens the keys;
     read holds the tokens the decoder positions read, for "cross".
@@ -524,9 +534,7 @@ def _key_sets(
     j = torch.arange(k_tokens.size(1), device=q_tokens.device)[None, :]  # [1, k_len]
     real = (k_tokens != pad_id)[:, None, :]  # real keys: [batch, 1, k_len]
     last = real.sum(-1, keepdim=True) - 1  # the last real key: [batch, 1, 1]
-    same_token = (
-        q_tokens[:, :, None] == k_tokens[:, None, :]
-    ) & real  # [batch, q_len, k_len]
+    same_token = (q_tokens[:, :, None] == k_tokens[:, None, :]) & real  # [b, q, k]
     sets = {"first": (j == 0) & real, "last": (j == last) & real}
     if kind == "cross":
         sets["copy"] = same_token  # the source holds the token being predicted
@@ -539,48 +547,41 @@ def _key_sets(
             next=(j == i + 1) & real,
             copy=same_token & (j != i),
         )
-    if (
-        kind == "decoder_self"
-    ):  # key j follows an earlier occurrence j - 1 < i of the query's token
+    if kind == "decoder_self":  # key j follows an earlier j - 1 < i of the same token
         sets["induction"] = F.pad(same_token[:, :, :-1] & (j[:, :-1] < i - 1), (1, 0))
+    sets.update(_special_sets(special, k_tokens, same_token.shape))
+    return {n: s for n, s in sets.items() if n in STATISTICS[kind] or n in special}
+
+
+def _special_sets(
+    special: Mapping[str, Collection[int]], k_tokens: Tensor, shape: torch.Size
+) -> dict[str, Tensor]:
+    """The keys that hold one of the ids of each special statistic (chapter 17)."""
+    sets = {}
     for name, ids in special.items():
-        wanted = torch.isin(
-            k_tokens, torch.tensor(sorted(ids), device=k_tokens.device)
-        )  # [batch, k_len]
-        sets[name] = wanted[:, None, :].expand_as(same_token)
-    return {
-        name: s
-        for name, s in sets.items()
-        if name in STATISTICS[kind] or name in special
-    }
+        wanted = torch.tensor(sorted(ids), device=k_tokens.device)
+        found = torch.isin(k_tokens, wanted)  # [batch, k_len]
+        sets[name] = found[:, None, :].expand(shape)  # [batch, q_len, k_len]
+    return sets
 
 
 def _summed(values: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
-    """Sum of values [layers, batch, heads, q_len] over the queries rows [batch, q_len], and their number."""
-    return (values * rows[None, :, None]).sum(
-        dim=(1, 3)
-    ), rows.sum()  # [layers, heads], []
+    """Sum of values [layers, batch, heads, q] over rows [batch, q], and the count."""
+    total = (values * rows[None, :, None]).sum(dim=(1, 3))  # [layers, heads]
+    return total, rows.sum()
 
 
 def _order(w: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
-    """Sum over sentences of corr(i, mean key position of query i), and the number of sentences (chapter 17)."""
+    """Sum over sentences of corr(i, mean key position), and the count (chapter 17)."""
     m = rows[None, :, None].to(w.dtype)  # the queries that count: [1, batch, 1, q_len]
     n = m.sum(-1)  # [1, batch, 1]
     i = torch.arange(w.size(-2), device=w.device, dtype=w.dtype)  # [q_len]
-    mu = w @ torch.arange(
-        w.size(-1), device=w.device, dtype=w.dtype
-    )  # sum_j a_ij j: [layers, batch, heads, q_len]
-    x = i - (m * i).sum(-1, keepdim=True) / n[..., None].clamp_min(
-        1
-    )  # centred: [1, batch, 1, q_len]
-    y = mu - (m * mu).sum(-1, keepdim=True) / n[..., None].clamp_min(
-        1
-    )  # [layers, batch, heads, q_len]
-    cov, var_x, var_y = (
-        (m * x * y).sum(-1),
-        (m * x * x).sum(-1),
-        (m * y * y).sum(-1),
-    )  # [layers, batch, heads]
+    j = torch.arange(w.size(-1), device=w.device, dtype=w.dtype)  # [k_len]
+    mu = w @ j  # sum_j a_ij j: [layers, batch, heads, q_len]
+    x = i - (m * i).sum(-1, keepdim=True) / n[..., None].clamp_min(1)  # centred
+    y = mu - (m * mu).sum(-1, keepdim=True) / n[..., None].clamp_min(1)
+    cov = (m * x * y).sum(-1)  # [layers, batch, heads]
+    var_x, var_y = (m * x * x).sum(-1), (m * y * y).sum(-1)
     ok = (n >= 3) & (var_y > 1e-12)  # at least 3 positions, and a focus that moves
     corr = torch.where(
         ok, cov / (var_x * var_y).clamp_min(1e-30).sqrt(), torch.zeros_like(cov)
@@ -596,7 +597,7 @@ def head_statistics(
     special: Mapping[str, Collection[int]] | None = None,
     uniform: bool = False,
 ) -> dict[str, dict[str, Tensor]]:
-    """What each head attends to, averaged over sentence pairs: kind -> statistic -> [layers, heads] (chapter 17).
+    """What each head attends to: kind -> statistic -> [layers, heads] (chapter 17).
 
     The statistics of each kind are listed in STATISTICS and defined in chapter 17:
     the mean weight on keys of one sort ("previous", "same", "next", "first",
@@ -616,221 +617,21 @@ def head_statistics(
             they may see (all real keys; the decoder: those up to the query): the
             chance level of each statistic.
     """
-    if len(pairs) == 0:
-        raise ValueError(
-            "head_statistics needs at least one (source ids, target ids) pair."
-        )
-    special = dict(special or {})
-    clash = set(special) & {name for names in STATISTICS.values() for name in names}
-    if clash:
-        raise ValueError(
-            f"special statistics {sorted(clash)} would replace built-in ones; rename them."
-        )
-    c = model.config
-    device = next(model.parameters()).device
-    by_length = sorted(
-        range(len(pairs)), key=lambda n: (len(pairs[n][0]), len(pairs[n][1]))
-    )
-    totals: dict[
-        tuple[str, str], list[Tensor]
-    ] = {}  # (kind, statistic) -> [sum, count]
-    for start in range(0, len(pairs), batch_size):
-        chunk = [pairs[n] for n in by_length[start : start + batch_size]]
-        batch = make_batch(chunk, c.pad_id, c.bos_id, c.eos_id).to(device)
-        maps = attention_maps(
-            model, batch.src, batch.tgt_in
-        )  # kind -> [layers, batch, heads, q, k]
-        one_key = (batch.src != c.pad_id).sum(
-            1, keepdim=True
-        ) < 2  # one-token sources: [batch, 1]
+    special = _check_statistics(pairs, special)
+    pad_id = model.config.pad_id
+    totals: dict[tuple[str, str], list[Tensor]] = {}  # (kind, name) -> [sum, count]
+    for batch in _batches(model, pairs, batch_size):
+        maps = attention_maps(model, batch.src, batch.tgt_in)  # kind -> [l, b, h, q, k]
         for kind, w in maps.items():
-            w = w.double()
-            if uniform:  # the same number of weight on every key that the mask allows
-                allowed = (
-                    w.new_ones(w.shape)
-                    * (batch.src if kind != "decoder_self" else batch.tgt_in).ne(
-                        c.pad_id
-                    )[None, :, None, None, :]
-                )  # [layers, batch, heads, q_len, k_len]
-                if kind == "decoder_self":
-                    allowed = allowed.tril()
-                w = allowed / allowed.sum(-1, keepdim=True)
-            q_tokens, k_tokens = {
-                "encoder": (batch.src, batch.src),
-                "decoder_self": (batch.tgt_in, batch.tgt_in),
-                "cross": (batch.tgt_out, batch.src),
-            }[kind]
-            rows = q_tokens != c.pad_id  # real queries: [batch, q_len]
-            if kind == "decoder_self":
-                rows[:, 0] = False  # the start token sees only itself
-            else:
-                rows &= ~one_key
-            found = {}
-            read = batch.tgt_in if kind == "cross" else None
-            for name, keys in _key_sets(
-                kind, q_tokens, k_tokens, c.pad_id, special, read
-            ).items():
-                found[name] = _summed(
-                    (w * keys[None, :, None]).sum(-1), rows & keys.any(-1)
-                )
-            entropy = -(w * torch.log2(w.clamp_min(1e-30))).sum(
-                -1
-            )  # [layers, batch, heads, q_len]
-            found["entropy"] = _summed(entropy, rows)
-            if kind == "cross":
-                found["order"] = _order(w, rows)
-            else:
-                offsets = (
-                    torch.arange(w.size(-2), device=device)[:, None]
-                    - torch.arange(w.size(-1), device=device)[None, :]
-                ).abs()  # |i - j|: [q_len, k_len]
-                found["distance"] = _summed((w * offsets).sum(-1), rows)
+            w = _uniform(w.double(), batch, kind, pad_id) if uniform else w.double()
+            found = _kind_statistics(kind, w, batch, pad_id, special)
             for name, (total, count) in found.items():
                 acc = totals.setdefault(
                     (kind, name), [torch.zeros(()), torch.zeros(())]
                 )
                 acc[0] = acc[0] + total.cpu()
                 acc[1] = acc[1] + count.cpu()
-    return {
-        kind: {
-            name: (totals[kind, name][0] / totals[kind, name][1]).float()
-            for name in (*STATISTICS[kind], *special)
-            if (kind, name) in totals
-        }
-        for kind in ATTENTION_KINDS
-        if any(k == kind for k, _ in totals)
-    }
-
-
-def statistics_rows(
-    stats: Mapping[str, Tensor], digits: int = 2
-) -> list[dict[str, Any]]:
-    """One kind's head_statistics as rows {"layer", "head", statistic: value, ...}, rounded (chapter 17)."""
-    n_layers, n_heads = next(iter(stats.values())).shape
-    return [
-        {
-            "layer": l,
-            "head": h,
-            **{name: round(float(v[l, h]), digits) for name, v in stats.items()},
-        }
-        for l in range(n_layers)
-        for h in range(n_heads)
-    ]
-
-
-def statistics_chart(
-    stats: Mapping[str, Tensor],
-    title: str = "",
-    chance: Mapping[str, float] | None = None,
-    relative: bool = True,
-) -> Any:
-    """Statistics per head as coloured cells: a row per statistic, a column per layer.head (chapter 17).
-
-    Args:
-        stats: statistic -> [layers, heads], e.g. one kind of head_statistics.
-        title: the chart's title.
-        chance: statistic -> the value of an evenly spread head, shown in a last
-            column "chance" (head_statistics with uniform=True).
-        relative: colour each row from its smallest value (white) to its largest
-            (dark), for statistics of different scales; False: one scale for all.
-    """
-    alt = _altair()
-    import pandas as pd
-
-    rows = [
-        {"statistic": name, "head": f"{l}.{h}", "value": round(float(v[l, h]), 2)}
-        for name, v in stats.items()
-        for l in range(v.size(0))
-        for h in range(v.size(1))
-    ]
-    rows += [
-        {"statistic": name, "head": "chance", "value": round(float(value), 2)}
-        for name, value in (chance or {}).items()
-        if name in stats and value == value
-    ]  # not NaN
-    base = (
-        alt.Chart(pd.DataFrame(rows), title=title)
-        .transform_joinaggregate(
-            low="min(value)",
-            high="max(value)",
-            groupby=["statistic"] if relative else [],
-        )
-        .transform_calculate(
-            relative="(datum.value - datum.low) / max(datum.high - datum.low, 1e-9)"
-        )
-        .encode(
-            x=alt.X(
-                "head:N", title="layer.head", sort=None, axis=alt.Axis(labelAngle=0)
-            ),
-            y=alt.Y("statistic:N", sort=list(stats), title=None),
-        )
-    )
-    cells = base.mark_rect().encode(
-        color=alt.Color("relative:Q", scale=alt.Scale(**WEIGHT_SCALE), legend=None),
-        tooltip=["statistic:N", "head:N", alt.Tooltip("value:Q", format=".3f")],
-    )
-    text = base.mark_text(fontSize=10).encode(
-        text=alt.Text("value:Q", format=".2f"),
-        color=alt.condition(
-            "datum.relative > 0.6", alt.value("white"), alt.value("black")
-        ),
-    )
-    return (cells + text).properties(width=alt.Step(40), height=alt.Step(20))
-
-
-# Chapter 17, "Which heads matter"
-def _gate(keep: Tensor, module: nn.Module, args: tuple) -> tuple:
-    """Forward pre-hook of out_proj: multiply Concat(head_1, ..., head_h) by keep, 0 or 1 per feature (chapter 17)."""
-    return (args[0] * keep.to(args[0].dtype), *args[1:])
-
-
-@contextlib.contextmanager
-def without_heads(
-    model: nn.Module, heads: Iterable[tuple[str, int, int]]
-) -> Iterator[None]:
-    """Switch heads off while the block runs: their part of Concat(head_1, ..., head_h) is zero (chapter 17).
-
-    Args:
-        model: a Transformer, or any model that attention_layers understands.
-        heads: (kind, layer, head) triples, kind one of ATTENTION_KINDS.
-    """
-    layers = attention_layers(model)
-    keeps: dict[tuple[str, int], Tensor] = {}
-    for item in heads:
-        if not (isinstance(item, tuple) and len(item) == 3):
-            raise ValueError(
-                f"heads must be (kind, layer, head) triples, e.g. ('cross', 0, 1), got {item!r}."
-            )
-        kind, layer, head = item
-        if kind not in layers or not layers[kind]:
-            raise ValueError(
-                f"kind must be one of {[k for k in ATTENTION_KINDS if layers[k]]}, got {kind!r}."
-            )
-        if not (isinstance(layer, int) and 0 <= layer < len(layers[kind])):
-            raise ValueError(
-                f"{kind} has layers 0 to {len(layers[kind]) - 1}, got layer {layer!r}."
-            )
-        module = layers[kind][layer]
-        if not (isinstance(head, int) and 0 <= head < module.n_heads):
-            raise ValueError(
-                f"{kind} layers have heads 0 to {module.n_heads - 1}, got head {head!r}."
-            )
-        keep = keeps.setdefault(
-            (kind, layer),
-            torch.ones(module.d_model, device=module.out_proj.weight.device),
-        )
-        keep[head * module.d_k : (head + 1) * module.d_k] = (
-            0.0  # head i: features i*d_k .. (i+1)*d_k - 1
-        )
-    handles = [
-        layers[kind][layer].out_proj.register_forward_pre_hook(partial(_gate, keep))
-        for (kind, layer), keep in keeps.items()
-    ]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+    return _means(totals, special)
 
 
 def _batches(
@@ -838,7 +639,7 @@ def _batches(
     pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
     batch_size: int,
 ) -> list[Batch]:
-    """The pairs as teacher-forcing Batches on the model's device, sorted by length (chapter 17)."""
+    """The pairs as teacher-forcing Batches on the model's device (chapter 17)."""
     if len(pairs) == 0:
         raise ValueError(
             "no sentence pairs given; pass (source ids, target ids) pairs."
@@ -859,9 +660,238 @@ def _batches(
     ]
 
 
+def _kind_statistics(
+    kind: str,
+    w: Tensor,
+    batch: Batch,
+    pad_id: int,
+    special: Mapping[str, Collection[int]],
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """Each statistic of one kind in one batch: name -> (sum, count) (chapter 17)."""
+    q_tokens, k_tokens = {
+        "encoder": (batch.src, batch.src),
+        "decoder_self": (batch.tgt_in, batch.tgt_in),
+        "cross": (batch.tgt_out, batch.src),
+    }[kind]
+    rows = _query_rows(kind, batch, q_tokens, pad_id)  # [batch, q_len]
+    read = batch.tgt_in if kind == "cross" else None
+    found = {}
+    for name, keys in _key_sets(
+        kind, q_tokens, k_tokens, pad_id, special, read
+    ).items():
+        on_keys = (w * keys[None, :, None]).sum(-1)  # [layers, batch, heads, q_len]
+        found[name] = _summed(on_keys, rows & keys.any(-1))
+    entropy = -(w * torch.log2(w.clamp_min(1e-30))).sum(-1)  # [l, b, h, q_len]
+    found["entropy"] = _summed(entropy, rows)
+    if kind == "cross":
+        found["order"] = _order(w, rows)
+    else:
+        i = torch.arange(w.size(-2), device=w.device)[:, None]  # [q_len, 1]
+        j = torch.arange(w.size(-1), device=w.device)[None, :]  # [1, k_len]
+        found["distance"] = _summed((w * (i - j).abs()).sum(-1), rows)
+    return found
+
+
+def _query_rows(kind: str, batch: Batch, q_tokens: Tensor, pad_id: int) -> Tensor:
+    """The queries that count, bool [batch, q_len] (chapter 17)."""
+    rows = q_tokens != pad_id  # real queries: [batch, q_len]
+    if kind == "decoder_self":
+        rows[:, 0] = False  # the start token sees only itself
+    else:
+        one_key = (batch.src != pad_id).sum(1, keepdim=True) < 2  # [batch, 1]
+        rows &= ~one_key
+    return rows
+
+
+def _uniform(w: Tensor, batch: Batch, kind: str, pad_id: int) -> Tensor:
+    """Weights spread evenly over the allowed keys, shaped like w (chapter 17)."""
+    keys = batch.tgt_in if kind == "decoder_self" else batch.src  # [batch, k_len]
+    allowed = w.new_ones(w.shape) * keys.ne(pad_id)[None, :, None, None, :]
+    if kind == "decoder_self":
+        allowed = allowed.tril()
+    return allowed / allowed.sum(-1, keepdim=True)  # [layers, batch, heads, q, k]
+
+
+def _means(
+    totals: Mapping[tuple[str, str], list[Tensor]], special: Mapping[str, Any]
+) -> dict[str, dict[str, Tensor]]:
+    """kind -> statistic -> sum / count, [layers, heads] (chapter 17)."""
+    return {
+        kind: {
+            name: (totals[kind, name][0] / totals[kind, name][1]).float()
+            for name in (*STATISTICS[kind], *special)
+            if (kind, name) in totals
+        }
+        for kind in ATTENTION_KINDS
+        if any(k == kind for k, _ in totals)
+    }
+
+
+def _check_statistics(
+    pairs: Sequence[Any], special: Mapping[str, Collection[int]] | None
+) -> dict[str, Collection[int]]:
+    """Clear errors for head_statistics' pairs and special; special as a dict."""
+    if len(pairs) == 0:
+        raise ValueError(
+            "head_statistics needs at least one (source ids, target ids) pair."
+        )
+    special = dict(special or {})
+    clash = set(special) & {name for names in STATISTICS.values() for name in names}
+    if clash:
+        raise ValueError(
+            f"special statistics {sorted(clash)} would replace built-in ones; "
+            "rename them."
+        )
+    return special
+
+
+def statistics_rows(
+    stats: Mapping[str, Tensor], digits: int = 2
+) -> list[dict[str, Any]]:
+    """One kind's statistics as rows {"layer", "head", name: value} (chapter 17)."""
+    n_layers, n_heads = next(iter(stats.values())).shape
+    return [
+        {
+            "layer": l,
+            "head": h,
+            **{name: round(float(v[l, h]), digits) for name, v in stats.items()},
+        }
+        for l in range(n_layers)
+        for h in range(n_heads)
+    ]
+
+
+def statistics_chart(
+    stats: Mapping[str, Tensor],
+    title: str = "",
+    chance: Mapping[str, float] | None = None,
+    relative: bool = True,
+) -> Any:
+    """Coloured cells: a row per statistic, a column per head (chapter 17).
+
+    Args:
+        stats: statistic -> [layers, heads], e.g. one kind of head_statistics.
+        title: the chart's title.
+        chance: statistic -> the value of an evenly spread head, shown in a last
+            column "chance" (head_statistics with uniform=True).
+        relative: colour each row from its smallest value (white) to its largest
+            (dark), for statistics of different scales; False: one scale for all.
+    """
+    alt = _altair()
+    import pandas as pd
+
+    rows = _statistics_data(stats, chance)
+    groups = ["statistic"] if relative else []
+    base = (
+        alt.Chart(pd.DataFrame(rows), title=title)
+        .transform_joinaggregate(low="min(value)", high="max(value)", groupby=groups)
+        .transform_calculate(
+            relative="(datum.value - datum.low) / max(datum.high - datum.low, 1e-9)"
+        )
+        .encode(
+            x=alt.X(
+                "head:N", title="layer.head", sort=None, axis=alt.Axis(labelAngle=0)
+            ),
+            y=alt.Y("statistic:N", sort=list(stats), title=None),
+        )
+    )
+    cells = base.mark_rect().encode(
+        color=alt.Color("relative:Q", scale=alt.Scale(**WEIGHT_SCALE), legend=None),
+        tooltip=["statistic:N", "head:N", alt.Tooltip("value:Q", format=".3f")],
+    )
+    white = alt.condition(
+        "datum.relative > 0.6", alt.value("white"), alt.value("black")
+    )
+    text = base.mark_text(fontSize=10).encode(
+        text=alt.Text("value:Q", format=".2f"), color=white
+    )
+    return (cells + text).properties(width=alt.Step(40), height=alt.Step(20))
+
+
+def _statistics_data(
+    stats: Mapping[str, Tensor], chance: Mapping[str, float] | None
+) -> list[dict[str, Any]]:
+    """statistic, head ("layer.head" or "chance") and value per cell (chapter 17)."""
+    rows = [
+        {"statistic": name, "head": f"{l}.{h}", "value": round(float(v[l, h]), 2)}
+        for name, v in stats.items()
+        for l in range(v.size(0))
+        for h in range(v.size(1))
+    ]
+    rows += [
+        {"statistic": name, "head": "chance", "value": round(float(value), 2)}
+        for name, value in (chance or {}).items()
+        if name in stats and value == value  # not NaN
+    ]
+    return rows
+
+
+# Chapter 17, "Which heads matter"
+def _gate(keep: Tensor, module: nn.Module, args: tuple) -> tuple:
+    """Pre-hook of out_proj: Concat(head_1, ..., head_h) times keep (chapter 17)."""
+    return (args[0] * keep.to(args[0].dtype), *args[1:])
+
+
+@contextlib.contextmanager
+def without_heads(
+    model: nn.Module, heads: Iterable[tuple[str, int, int]]
+) -> Iterator[None]:
+    """Switch heads off: their part of Concat(head_1, ...) is zero (chapter 17).
+
+    Args:
+        model: a Transformer, or any model that attention_layers understands.
+        heads: (kind, layer, head) triples, kind one of ATTENTION_KINDS.
+    """
+    layers = attention_layers(model)
+    keeps: dict[tuple[str, int], Tensor] = {}  # (kind, layer) -> 0 or 1 per feature
+    for item in heads:
+        kind, layer, head = _check_head(layers, item)
+        module = layers[kind][layer]
+        ones = torch.ones(module.d_model, device=module.out_proj.weight.device)
+        keep = keeps.setdefault((kind, layer), ones)
+        # head i: features i*d_k .. (i+1)*d_k - 1
+        keep[head * module.d_k : (head + 1) * module.d_k] = 0.0
+    handles = [
+        layers[kind][layer].out_proj.register_forward_pre_hook(partial(_gate, keep))
+        for (kind, layer), keep in keeps.items()
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _check_head(
+    layers: Mapping[str, Sequence[MultiHeadAttention]], item: Any
+) -> tuple[str, int, int]:
+    """A clear error for a (kind, layer, head) that names no head (chapter 17)."""
+    if not (isinstance(item, tuple) and len(item) == 3):
+        raise ValueError(
+            "heads must be (kind, layer, head) triples, e.g. ('cross', 0, 1), "
+            f"got {item!r}."
+        )
+    kind, layer, head = item
+    if kind not in layers or not layers[kind]:
+        raise ValueError(
+            f"kind must be one of {[k for k in ATTENTION_KINDS if layers[k]]}, "
+            f"got {kind!r}."
+        )
+    if not (isinstance(layer, int) and 0 <= layer < len(layers[kind])):
+        raise ValueError(
+            f"{kind} has layers 0 to {len(layers[kind]) - 1}, got layer {layer!r}."
+        )
+    n_heads = layers[kind][layer].n_heads
+    if not (isinstance(head, int) and 0 <= head < n_heads):
+        raise ValueError(
+            f"{kind} layers have heads 0 to {n_heads - 1}, got head {head!r}."
+        )
+    return kind, layer, head
+
+
 @torch.no_grad()
 def _loss(model: Transformer, batches: Sequence[Batch]) -> float:
-    """Cross-entropy per target token (nats, no label smoothing), teacher-forced (chapter 17)."""
+    """Teacher-forced cross-entropy per target token, in nats (chapter 17)."""
     total, count = 0.0, 0
     for batch in batches:
         logits = model(batch.src, batch.tgt_in)  # [batch, tgt_len, V]
@@ -880,11 +910,11 @@ def head_ablation(
     pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
     batch_size: int = 64,
 ) -> tuple[float, dict[str, Tensor]]:
-    """The loss, and how much it rises without each head: (loss, kind -> [layers, heads]) (chapter 17; Michel 2019).
+    """The loss and its rise without each head: kind -> [layers, heads] (chapter 17).
 
     The loss is the teacher-forced cross-entropy per target token (nats, without
     label smoothing) over pairs of (source ids, target ids); each head is switched
-    off alone, with without_heads, and the model runs in eval mode.
+    off alone, with without_heads, and the model runs in eval mode (Michel 2019).
     """
     batches = _batches(model, pairs, batch_size)
     with eval_mode(model):
@@ -893,9 +923,7 @@ def head_ablation(
         for kind, modules in attention_layers(model).items():
             if not modules:
                 continue
-            rise[kind] = torch.zeros(
-                len(modules), modules[0].n_heads
-            )  # [layers, heads]
+            rise[kind] = torch.zeros(len(modules), modules[0].n_heads)  # [l, h]
             for layer, module in enumerate(modules):
                 for head in range(module.n_heads):
                     with without_heads(model, [(kind, layer, head)]):
