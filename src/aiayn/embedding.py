@@ -23,54 +23,6 @@ __all__ = [
 
 
 # Chapter 5, "The token embedding module"
-def _check_sizes(vocab_size: int, d_model: int) -> None:
-    """Check the sizes of an embedding or a prediction head (chapter 5)."""
-    if vocab_size < 1 or d_model < 1:
-        raise ValueError(
-            f"vocab_size and d_model must be at least 1, got vocab_size={vocab_size}, "
-            f"d_model={d_model}."
-        )
-
-
-def check_token_ids(tokens: Tensor, vocab_size: int, name: str = "tokens") -> Tensor:
-    """Check token ids [batch, seq] for a lookup; return them as int32 or int64 (chapter 5)."""
-    if not isinstance(tokens, Tensor):
-        raise ValueError(
-            f"{name} must be a tensor of token ids, got {type(tokens).__name__}."
-        )
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise ValueError(
-            f"{name} must hold integer token ids, got dtype {tokens.dtype}; if they are ids "
-            f"stored in another dtype, convert them with {name}.long()."
-        )
-    if tokens.dim() != 2:
-        raise ValueError(
-            f"{name} must have shape [batch, seq], got shape {tuple(tokens.shape)}; "
-            f"for a single sequence use {name}.unsqueeze(0)."
-        )
-    if tokens.dtype not in (torch.int32, torch.int64):
-        tokens = tokens.long()  # the lookup takes int32 or int64 indices only
-    # The values are read on the CPU only, where reading them is free. On a GPU the read
-    # would make the CPU wait for the GPU at every step, so batches for a GPU are checked
-    # on the CPU, where they are made, before they are moved.
-    on_cpu = tokens.device.type == "cpu"
-    if on_cpu and tokens.numel() > 0 and not torch.compiler.is_compiling():
-        low, high = torch.stack(torch.aminmax(tokens)).tolist()
-        if low < 0 or high >= vocab_size:
-            hint = (
-                " A negative id is often a loss's ignore_index (such as -100) left in the "
-                "model's input."
-                if low < 0
-                else ""
-            )
-            raise ValueError(
-                f"token ids must lie in [0, vocab_size) = [0, {vocab_size}), got ids from "
-                f"{low} to {high}; check that the tokenizer's vocabulary matches the "
-                f"model's vocab_size.{hint}"
-            )
-    return tokens
-
-
 class TokenEmbedding(nn.Module):
     """Token ids to vectors, E[token] * sqrt(d_model) (chapter 5; paper, section 3.4).
 
@@ -91,56 +43,113 @@ class TokenEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         _check_sizes(vocab_size, d_model)
-        if pad_id is not None and not 0 <= pad_id < vocab_size:
-            raise ValueError(
-                f"pad_id must be a token id in [0, {vocab_size}) or None, got {pad_id}."
-            )
+        _check_pad_id(pad_id, vocab_size)
         self.vocab_size, self.d_model, self.pad_id = vocab_size, d_model, pad_id
         self.scale = math.sqrt(d_model)
-        self.weight = nn.Parameter(
-            torch.empty(vocab_size, d_model)
-        )  # E: [vocab_size, d_model]
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))  # E: [V, d_model]
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Draw E from N(0, 1/d_model), so E * sqrt(d_model) has unit scale; zero the pad row."""
+        """Draw E from N(0, 1/d_model), unit scale after the factor; zero pad row."""
         nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5)
         if self.pad_id is not None:
             with torch.no_grad():
                 self.weight[self.pad_id].zero_()
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """Embed token ids [batch, seq] as E[tokens] * sqrt(d_model): [batch, seq, d_model]."""
+        """Embed ids [batch, seq] as E[tokens] * sqrt(d_model): [batch, seq, d]."""
         tokens = check_token_ids(tokens, self.vocab_size)
-        if tokens.device != self.weight.device:
-            raise ValueError(
-                f"tokens are on {tokens.device} but the embedding is on {self.weight.device}; "
-                f"move them with tokens.to({str(self.weight.device)!r})."
-            )
-        # padding_idx: the lookup sends no gradient to the pad row.
-        rows = F.embedding(
-            tokens, self.weight, padding_idx=self.pad_id
-        )  # [batch, seq, d_model]
+        _check_same_device(tokens, self.weight)
+        rows = F.embedding(tokens, self.weight, padding_idx=self.pad_id)  # [b, s, d]
         return rows * self.scale  # [batch, seq, d_model]
 
     def extra_repr(self) -> str:
         """The sizes, shown by print(module)."""
-        return f"vocab_size={self.vocab_size}, d_model={self.d_model}, pad_id={self.pad_id}"
+        return (
+            f"vocab_size={self.vocab_size}, d_model={self.d_model}, "
+            f"pad_id={self.pad_id}"
+        )
+
+
+def check_token_ids(tokens: Tensor, vocab_size: int, name: str = "tokens") -> Tensor:
+    """Check token ids [batch, seq] for a lookup; return them as int32 or int64.
+
+    The values are read on the CPU only (chapter 5).
+    """
+    if not isinstance(tokens, Tensor):
+        raise ValueError(
+            f"{name} must be a tensor of token ids, got {type(tokens).__name__}."
+        )
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise ValueError(
+            f"{name} must hold integer token ids, got dtype {tokens.dtype}; if they "
+            f"are ids stored in another dtype, convert them with {name}.long()."
+        )
+    if tokens.dim() != 2:
+        raise ValueError(
+            f"{name} must have shape [batch, seq], got shape {tuple(tokens.shape)}; "
+            f"for a single sequence use {name}.unsqueeze(0)."
+        )
+    if tokens.dtype not in (torch.int32, torch.int64):
+        tokens = tokens.long()  # the lookup takes int32 or int64 indices only
+    # On a GPU the read would make the CPU wait for the GPU at every step.
+    on_cpu = tokens.device.type == "cpu"
+    if on_cpu and tokens.numel() > 0 and not torch.compiler.is_compiling():
+        low, high = torch.stack(torch.aminmax(tokens)).tolist()
+        if low < 0 or high >= vocab_size:
+            hint = (
+                " A negative id is often a loss's ignore_index (such as -100) left "
+                "in the model's input."
+                if low < 0
+                else ""
+            )
+            raise ValueError(
+                f"token ids must lie in [0, vocab_size) = [0, {vocab_size}), got ids "
+                f"from {low} to {high}; check that the tokenizer's vocabulary matches "
+                f"the model's vocab_size.{hint}"
+            )
+    return tokens
+
+
+def _check_sizes(vocab_size: int, d_model: int) -> None:
+    """Check the sizes of an embedding or a prediction head (chapter 5)."""
+    if vocab_size < 1 or d_model < 1:
+        raise ValueError(
+            "vocab_size and d_model must be at least 1, got "
+            f"vocab_size={vocab_size}, d_model={d_model}."
+        )
+
+
+def _check_pad_id(pad_id: int | None, vocab_size: int) -> None:
+    """The pad id is a token id or None (chapter 5)."""
+    if pad_id is not None and not 0 <= pad_id < vocab_size:
+        raise ValueError(
+            f"pad_id must be a token id in [0, {vocab_size}) or None, got {pad_id}."
+        )
+
+
+def _check_same_device(tokens: Tensor, weight: Tensor) -> None:
+    """The ids must be where the table is (chapter 5)."""
+    if tokens.device != weight.device:
+        raise ValueError(
+            f"tokens are on {tokens.device} but the embedding is on "
+            f"{weight.device}; move them with tokens.to({str(weight.device)!r})."
+        )
 
 
 # Chapter 5, "The prediction head"
 class PredictionHead(nn.Module):
-    """Decoder outputs to next-token logits, z = y W^T (+ b) (chapter 5; paper, section 3.4).
+    """Decoder outputs to next-token logits, z = y W^T (+ b) (chapter 5; paper 3.4).
 
     Args:
         d_model: width of the decoder's output vectors.
         vocab_size: number of tokens V to score.
-        bias: whether to add a learned bias per token. The paper's shared matrix has
-            none; bias=True adds vocab_size parameters that are never shared.
+        bias: whether to add a learned bias per token. The paper's shared matrix
+            has none; bias=True adds vocab_size parameters that are never shared.
 
     Attributes:
-        weight: W, an nn.Parameter [vocab_size, d_model], one row per token (the layout
-            of TokenEmbedding.weight, so that the two can share it).
+        weight: W, an nn.Parameter [vocab_size, d_model], one row per token (the
+            layout of TokenEmbedding.weight, so that the two can share it).
         bias: an nn.Parameter [vocab_size], or None.
     """
 
@@ -148,9 +157,7 @@ class PredictionHead(nn.Module):
         super().__init__()
         _check_sizes(vocab_size, d_model)
         self.d_model, self.vocab_size = d_model, vocab_size
-        self.weight = nn.Parameter(
-            torch.empty(vocab_size, d_model)
-        )  # W: [vocab_size, d_model]
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))  # W: [V, d_model]
         if bias:
             self.bias = nn.Parameter(torch.empty(vocab_size))  # b: [vocab_size]
         else:
@@ -158,70 +165,84 @@ class PredictionHead(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Draw W from N(0, 1/d_model), so that the first logits are O(1); zero the bias."""
+        """Draw W from N(0, 1/d_model), so that the first logits are O(1); zero b."""
         nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Logits [..., vocab_size] for decoder outputs x [..., d_model]; no softmax (chapter 5)."""
-        if x.dim() < 1 or x.size(-1) != self.d_model:
-            raise ValueError(
-                f"the prediction head expects vectors of width d_model={self.d_model} in the "
-                f"last dimension, got shape {tuple(x.shape)}."
-            )
-        if not x.is_floating_point():
-            raise ValueError(
-                f"the prediction head expects decoder outputs (floating point), got dtype "
-                f"{x.dtype}; token ids go through TokenEmbedding first."
-            )
+        """Logits [..., vocab_size] for decoder outputs x [..., d_model]; no softmax."""
+        _check_head_input(x, self.d_model)
         return F.linear(x, self.weight, self.bias)  # [..., vocab_size]
 
     def extra_repr(self) -> str:
         """The sizes, shown by print(module)."""
-        return f"d_model={self.d_model}, vocab_size={self.vocab_size}, bias={self.bias is not None}"
+        return (
+            f"d_model={self.d_model}, vocab_size={self.vocab_size}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+def _check_head_input(x: Tensor, d_model: int) -> None:
+    """Decoder outputs: floating point, d_model wide in the last axis (chapter 5)."""
+    if x.dim() < 1 or x.size(-1) != d_model:
+        raise ValueError(
+            f"the prediction head expects vectors of width d_model={d_model} in "
+            f"the last dimension, got shape {tuple(x.shape)}."
+        )
+    if not x.is_floating_point():
+        raise ValueError(
+            f"the prediction head expects decoder outputs (floating point), got "
+            f"dtype {x.dtype}; token ids go through TokenEmbedding first."
+        )
 
 
 # Chapter 5, "One matrix for three uses"
 def tie_weights(head: nn.Module, *embeddings: nn.Module) -> nn.Parameter:
-    """Share one weight matrix between the head and the embeddings (chapter 5; paper, section 3.4).
+    """Share one weight matrix between the head and the embeddings (chapter 5; 3.4).
 
-    Every embedding's `weight` becomes the head's `weight` Parameter, [vocab_size, d_model];
-    the rows of the embeddings' pad ids are zeroed. Works for TokenEmbedding and
-    PredictionHead as well as nn.Embedding and nn.Linear. Call it before creating the
-    optimizer.
+    Every embedding's `weight` becomes the head's `weight` Parameter,
+    [vocab_size, d_model]; the rows of the embeddings' pad ids are zeroed. Works
+    for TokenEmbedding and PredictionHead as well as nn.Embedding and nn.Linear.
+    Call it before creating the optimizer.
 
     Returns:
         The shared Parameter.
     """
-    if not embeddings:
-        raise ValueError(
-            "tie_weights needs at least one embedding to share the head's matrix with, "
-            "e.g. tie_weights(head, src_embed, tgt_embed)."
-        )
-    shared = getattr(head, "weight", None)
-    if not isinstance(shared, nn.Parameter) or shared.dim() != 2:
-        raise ValueError(
-            f"the head must have a 2-D `weight` Parameter [vocab_size, d_model], got "
-            f"{type(head).__name__}."
-        )
-    for i, embedding in enumerate(embeddings):
-        weight = getattr(embedding, "weight", None)
-        if not isinstance(weight, nn.Parameter):
-            raise ValueError(
-                f"embedding {i} ({type(embedding).__name__}) has no `weight` Parameter to share."
-            )
-        if weight.shape != shared.shape:
-            raise ValueError(
-                f"embedding {i} has a weight of shape [vocab_size, d_model] = {list(weight.shape)}, "
-                f"the head {list(shared.shape)}; sharing needs one vocabulary and one d_model."
-            )
+    _check_tie(head, embeddings)
+    shared = head.weight
     for embedding in embeddings:
-        embedding.weight = (
-            shared  # the same Parameter object, registered in both modules
-        )
+        embedding.weight = shared  # the same Parameter object, in both modules
         pad_id = getattr(embedding, "pad_id", getattr(embedding, "padding_idx", None))
         if pad_id is not None:
             with torch.no_grad():
                 shared[pad_id].zero_()
     return shared
+
+
+def _check_tie(head: nn.Module, embeddings: tuple[nn.Module, ...]) -> None:
+    """What tie_weights needs: a matrix to share, and tables of its shape."""
+    if not embeddings:
+        raise ValueError(
+            "tie_weights needs at least one embedding to share the head's matrix "
+            "with, e.g. tie_weights(head, src_embed, tgt_embed)."
+        )
+    shared = getattr(head, "weight", None)
+    if not isinstance(shared, nn.Parameter) or shared.dim() != 2:
+        raise ValueError(
+            f"the head must have a 2-D `weight` Parameter [vocab_size, d_model], "
+            f"got {type(head).__name__}."
+        )
+    for i, embedding in enumerate(embeddings):
+        weight = getattr(embedding, "weight", None)
+        if not isinstance(weight, nn.Parameter):
+            raise ValueError(
+                f"embedding {i} ({type(embedding).__name__}) has no `weight` "
+                "Parameter to share."
+            )
+        if weight.shape != shared.shape:
+            raise ValueError(
+                f"embedding {i} has a weight of shape [vocab_size, d_model] = "
+                f"{list(weight.shape)}, the head {list(shared.shape)}; sharing needs "
+                f"one vocabulary and one d_model."
+            )
