@@ -26,55 +26,13 @@ __all__ = [
 
 
 # Chapter 12, "Label smoothing"
-def _check_smoothing(smoothing: float) -> None:
-    """Check the label-smoothing value eps_ls (chapter 12)."""
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(
-            f"smoothing must lie in [0, 1), got {smoothing}; the paper uses 0.1, and 0 "
-            f"gives the plain cross-entropy."
-        )
-
-
-def _check_target(target: Tensor, vocab_size: int, ignore_index: int | None) -> Tensor:
-    """Check target ids [...] against the vocabulary; return the kept positions (chapter 12)."""
-    if not isinstance(target, Tensor):
-        raise ValueError(
-            f"target must be a tensor of token ids, got {type(target).__name__}."
-        )
-    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-        raise ValueError(
-            f"target must hold integer token ids, got dtype {target.dtype}; if they are "
-            f"ids stored in another dtype, convert them with target.long()."
-        )
-    if ignore_index is None:
-        keep = torch.ones_like(target, dtype=torch.bool)  # [...]
-    else:
-        keep = target != ignore_index  # [...]
-    # Read on the CPU only, where it is free; on a GPU it would stall every training step,
-    # so batches for a GPU are checked on the CPU before they are moved (chapter 13).
-    on_cpu = target.device.type == "cpu"
-    if on_cpu and target.numel() > 0 and not torch.compiler.is_compiling():
-        kept = torch.where(
-            keep, target, 0
-        )  # ignored positions may hold any id, e.g. -100
-        low, high = torch.stack(torch.aminmax(kept)).tolist()
-        if low < 0 or high >= vocab_size:
-            raise ValueError(
-                f"target ids must lie in [0, vocab_size) = [0, {vocab_size}) or equal "
-                f"ignore_index={ignore_index}, got ids from {low} to {high}; check that the "
-                f"logits' last dimension is the vocabulary size and that padding uses "
-                f"ignore_index."
-            )
-    return keep
-
-
 def smoothed_targets(
     target: Tensor,
     vocab_size: int,
     smoothing: float = 0.1,
     ignore_index: int | None = 0,
 ) -> Tensor:
-    """The smoothed target q' = (1 - eps) one_hot + eps / V (chapter 12; paper, section 5.4).
+    """The smoothed target q' = (1 - eps) one_hot + eps / V (chapter 12; paper, 5.4).
 
     Args:
         target: token ids [...]; positions equal to ignore_index are padding.
@@ -89,22 +47,19 @@ def smoothed_targets(
         class, eps / V on every other class, and all zeros at ignored positions.
     """
     _check_smoothing(smoothing)
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be at least 1, got {vocab_size}.")
-    keep = _check_target(target, vocab_size, ignore_index)  # [...]
+    _check_vocab_size(vocab_size)
+    keep = _check_target(target, vocab_size, ignore_index)  # real tokens: [...]
     index = torch.where(keep, target, 0).long().unsqueeze(-1)  # [..., 1]
-    q = torch.full(
-        (*target.shape, vocab_size), smoothing / vocab_size, device=target.device
-    )  # eps / V everywhere: [..., V]
+    shape = (*target.shape, vocab_size)
+    q = torch.full(shape, smoothing / vocab_size, device=target.device)  # [..., V]
     q.scatter_add_(-1, index, torch.full_like(index, 1.0 - smoothing, dtype=q.dtype))
     return q * keep.unsqueeze(-1)  # zero rows at padding: [..., V]
 
 
 def smoothing_entropy(vocab_size: int, smoothing: float = 0.1) -> float:
-    """The entropy H(q') of one smoothed target: cross-entropy minus KL divergence (chapter 12)."""
+    """The entropy H(q') of one smoothed target: cross-entropy minus KL (chapter 12)."""
     _check_smoothing(smoothing)
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be at least 1, got {vocab_size}.")
+    _check_vocab_size(vocab_size)
     on, off = 1.0 - smoothing + smoothing / vocab_size, smoothing / vocab_size
     entropy = -on * math.log(on)
     if off > 0.0:  # 0 log 0 = 0
@@ -113,13 +68,14 @@ def smoothing_entropy(vocab_size: int, smoothing: float = 0.1) -> float:
 
 
 class LabelSmoothingLoss(nn.Module):
-    """Cross-entropy H(q', p) against smoothed targets, padding ignored (chapter 12; paper, 5.4).
+    """Cross-entropy H(q', p) against smoothed targets, padding ignored (chapter 12).
 
-    Per position, loss = (1 - eps) * (-log p_y) + eps * mean_v(-log p_v), from
-    log_softmax of the logits (in float32 for float16/bfloat16 logits). It equals
-    torch.nn.functional.cross_entropy(logits, target, label_smoothing=eps,
-    ignore_index=ignore_index); subtract smoothing_entropy(V, eps) per token to
-    get KL(q' || p), which is 0 at the optimum.
+    The paper's section 5.4. Per position, loss = (1 - eps) * (-log p_y) + eps *
+    mean_v(-log p_v), from log_softmax of the logits (in float32 for float16 and
+    bfloat16 logits). It equals torch.nn.functional.cross_entropy(logits, target,
+    label_smoothing=eps, ignore_index=ignore_index); subtract
+    smoothing_entropy(V, eps) per token to get KL(q' || p), which is 0 at the
+    optimum.
 
     Args:
         smoothing: eps_ls in [0, 1); the paper uses 0.1.
@@ -138,15 +94,10 @@ class LabelSmoothingLoss(nn.Module):
     ) -> None:
         super().__init__()
         _check_smoothing(smoothing)
-        if reduction not in ("mean", "sum", "none"):
-            raise ValueError(
-                f'reduction must be "mean", "sum" or "none", got {reduction!r}.'
-            )
-        self.smoothing, self.ignore_index, self.reduction = (
-            smoothing,
-            ignore_index,
-            reduction,
-        )
+        _check_reduction(reduction)
+        self.smoothing = smoothing
+        self.ignore_index = ignore_index
+        self.reduction = reduction
 
     def extra_repr(self) -> str:
         return (
@@ -156,51 +107,98 @@ class LabelSmoothingLoss(nn.Module):
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         """Loss of logits [..., V] against target ids [...] (chapter 12)."""
-        if not isinstance(logits, Tensor) or not logits.is_floating_point():
-            raise ValueError(
-                "logits must be a floating-point tensor [..., vocab_size] of unnormalised "
-                "scores (not probabilities, not log-probabilities)."
-            )
-        if (
-            not isinstance(target, Tensor)
-            or logits.dim() < 1
-            or logits.shape[:-1] != target.shape
-        ):
-            got = (
-                tuple(target.shape)
-                if isinstance(target, Tensor)
-                else type(target).__name__
-            )
-            raise ValueError(
-                f"logits [..., vocab_size] and target [...] must agree on the leading "
-                f"dimensions, got logits {tuple(logits.shape)} and target {got}; for a model's "
-                f"output [batch, seq, V] pass the target ids [batch, seq]."
-            )
+        _check_logits(logits, target)
         keep = _check_target(target, logits.shape[-1], self.ignore_index)  # [...]
         if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = (
-                logits.float()
-            )  # log_softmax and the sums in float32, as under autocast
-        log_p = F.log_softmax(
-            logits, dim=-1
-        )  # log p_v, finite for finite logits: [..., V]
+            logits = logits.float()  # log_softmax and sums in float32, as in autocast
+        log_p = F.log_softmax(logits, dim=-1)  # log p_v, finite: [..., V]
         index = torch.where(keep, target, 0).long().unsqueeze(-1)  # [..., 1]
         loss = -log_p.gather(-1, index).squeeze(-1)  # NLL = -log p_y: [...]
         if self.smoothing > 0.0:
             uniform = -log_p.mean(dim=-1)  # H(u, p) = -(1/V) sum_v log p_v: [...]
-            loss = (
-                1.0 - self.smoothing
-            ) * loss + self.smoothing * uniform  # H(q', p): [...]
-        loss = torch.where(
-            keep, loss, torch.zeros_like(loss)
-        )  # padding adds nothing: [...]
+            eps = self.smoothing
+            loss = (1.0 - eps) * loss + eps * uniform  # H(q', p): [...]
+        loss = torch.where(keep, loss, torch.zeros_like(loss))  # padding adds 0: [...]
         if self.reduction == "none":
             return loss
         if self.reduction == "sum":
             return loss.sum()
-        return loss.sum() / keep.sum().clamp(
-            min=1
-        )  # mean over real tokens; 0 if there are none
+        return loss.sum() / keep.sum().clamp(min=1)  # mean over real tokens, or 0
+
+
+def _check_smoothing(smoothing: float) -> None:
+    """Check the label-smoothing value eps_ls (chapter 12)."""
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(
+            f"smoothing must lie in [0, 1), got {smoothing}; the paper uses 0.1, "
+            f"and 0 gives the plain cross-entropy."
+        )
+
+
+def _check_vocab_size(vocab_size: int) -> None:
+    """The number of classes V, at least 1."""
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be at least 1, got {vocab_size}.")
+
+
+def _check_reduction(reduction: str) -> None:
+    """One of the three reductions of LabelSmoothingLoss."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(
+            f'reduction must be "mean", "sum" or "none", got {reduction!r}.'
+        )
+
+
+def _check_logits(logits: Tensor, target: Tensor) -> None:
+    """Floating-point logits [..., V] and a target tensor of their leading shape."""
+    if not isinstance(logits, Tensor) or not logits.is_floating_point():
+        raise ValueError(
+            "logits must be a floating-point tensor [..., vocab_size] of "
+            "unnormalised scores (not probabilities, not log-probabilities)."
+        )
+    if (
+        not isinstance(target, Tensor)
+        or logits.dim() < 1
+        or logits.shape[:-1] != target.shape
+    ):
+        got = (
+            tuple(target.shape) if isinstance(target, Tensor) else type(target).__name__
+        )
+        raise ValueError(
+            f"logits [..., vocab_size] and target [...] must agree on the leading "
+            f"dimensions, got logits {tuple(logits.shape)} and target {got}; for a "
+            f"model's output [batch, seq, V] pass the target ids [batch, seq]."
+        )
+
+
+def _check_target(target: Tensor, vocab_size: int, ignore_index: int | None) -> Tensor:
+    """Check target ids [...] against the vocabulary; return the kept positions."""
+    if not isinstance(target, Tensor):
+        raise ValueError(
+            f"target must be a tensor of token ids, got {type(target).__name__}."
+        )
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise ValueError(
+            f"target must hold integer token ids, got dtype {target.dtype}; if they "
+            f"are ids stored in another dtype, convert them with target.long()."
+        )
+    if ignore_index is None:
+        keep = torch.ones_like(target, dtype=torch.bool)  # [...]
+    else:
+        keep = target != ignore_index  # [...]
+    # Read on the CPU only, where it is free; on a GPU it would stall every step.
+    on_cpu = target.device.type == "cpu"
+    if on_cpu and target.numel() > 0 and not torch.compiler.is_compiling():
+        kept = torch.where(keep, target, 0)  # ignored positions may hold any id
+        low, high = torch.stack(torch.aminmax(kept)).tolist()
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"target ids must lie in [0, vocab_size) = [0, {vocab_size}) or equal "
+                f"ignore_index={ignore_index}, got ids from {low} to {high}; check "
+                f"that the logits' last dimension is the vocabulary size and that "
+                f"padding uses ignore_index."
+            )
+    return keep
 
 
 # Chapter 12, "The learning-rate schedule"
@@ -209,10 +207,19 @@ def rate(
 ) -> float:
     """The learning rate of eq. (3), with a factor (chapter 12; paper, section 5.3).
 
-    lrate = factor / sqrt(d_model) * min(1 / sqrt(step), step / warmup_steps^1.5), where
-    step counts optimizer updates from 1; step 0, before the first update, gives 0,
-    the value of the warmup line there (min(inf, 0) = 0).
+    lrate = factor / sqrt(d_model) * min(1 / sqrt(step), step / warmup_steps^1.5),
+    where step counts optimizer updates from 1; step 0, before the first update,
+    gives 0, the value of the warmup line there (min(inf, 0) = 0).
     """
+    _check_rate_args(step, d_model, warmup_steps, factor)
+    if step == 0:
+        return 0.0
+    warmup_line = step / warmup_steps**1.5
+    return factor / math.sqrt(d_model) * min(1 / math.sqrt(step), warmup_line)
+
+
+def _check_rate_args(step: int, d_model: int, warmup_steps: int, factor: float) -> None:
+    """The arguments of rate(), or a ValueError that names the wrong one."""
     if step < 0:
         raise ValueError(f"step must be >= 0 (updates are counted from 1), got {step}.")
     if d_model < 1 or warmup_steps < 1:
@@ -222,15 +229,10 @@ def rate(
         )
     if factor <= 0:
         raise ValueError(f"factor must be positive, got {factor}.")
-    if step == 0:
-        return 0.0
-    return (
-        factor / math.sqrt(d_model) * min(1 / math.sqrt(step), step / warmup_steps**1.5)
-    )
 
 
 class _PaperRate:
-    """LambdaLR's multiplier: after n scheduler steps, update n + 1 uses rate(n + 1) (chapter 12)."""
+    """LambdaLR's multiplier: after n scheduler steps, update n + 1 uses rate(n + 1)."""
 
     def __init__(self, d_model: int, warmup_steps: int, factor: float) -> None:
         self.d_model, self.warmup_steps, self.factor = d_model, warmup_steps, factor
@@ -253,17 +255,22 @@ def make_scheduler(
     The scheduler's state_dict keeps d_model, warmup_steps and factor.
     """
     rate(1, d_model, warmup_steps, factor)  # validates the arguments
+    _check_base_rates(optimizer, factor)
+    schedule = _PaperRate(d_model, warmup_steps, factor)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def _check_base_rates(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    """Every param group's initial learning rate is 1.0, which LambdaLR multiplies."""
     for i, group in enumerate(optimizer.param_groups):
         base = float(group.get("initial_lr", group["lr"]))
         if base != 1.0:
             raise ValueError(
-                f"the optimizer's param_groups[{i}] has lr={base}, but the schedule is the "
-                f"learning rate only if the optimizer's lr is 1.0; create it with lr=1.0 "
-                f"(make_optimizer's default) and pass factor={base * factor} here instead."
+                f"the optimizer's param_groups[{i}] has lr={base}, but the schedule is "
+                f"the learning rate only if the optimizer's lr is 1.0; create it with "
+                f"lr=1.0 (make_optimizer's default) and pass factor={base * factor} "
+                f"here instead."
             )
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _PaperRate(d_model, warmup_steps, factor)
-    )
 
 
 # Chapter 12, "Adam with the paper's settings"
@@ -275,32 +282,23 @@ def make_optimizer(
     weight_decay: float = 0.0,
     fused: bool | None = None,
 ) -> torch.optim.Adam:
-    """Adam with the paper's beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (chapter 12; paper, section 5.3).
+    """Adam with the paper's beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (chapter 12).
 
-    lr=1.0 lets make_scheduler set the learning rate. A module contributes the
-    parameters that require gradients (shared ones once); an iterable of tensors
-    or of param-group dicts is passed on as it is. fused=True asks for PyTorch's
-    one-kernel Adam (chapter 13 uses it on GPUs); None keeps PyTorch's default.
+    The paper's section 5.3. lr=1.0 lets make_scheduler set the learning rate. A
+    module contributes the parameters that require gradients (shared ones once);
+    an iterable of tensors or of param-group dicts is passed on as it is.
+    fused=True asks for PyTorch's one-kernel Adam (chapter 13 uses it on GPUs);
+    None keeps PyTorch's default.
     """
-    if lr <= 0.0:
-        raise ValueError(
-            f"lr must be positive, got {lr}; with make_scheduler use lr=1.0."
-        )
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(
-            f"betas must be two numbers in [0, 1), got {betas}; the paper uses (0.9, 0.98)."
-        )
-    if eps < 0.0 or weight_decay < 0.0:
-        raise ValueError(
-            f"eps and weight_decay must be >= 0, got eps={eps}, weight_decay={weight_decay}."
-        )
+    _check_adam_args(lr, betas, eps, weight_decay)
     if isinstance(model_or_params, nn.Module):
         params = [p for p in model_or_params.parameters() if p.requires_grad]
     else:
         params = list(model_or_params)
     if not params:
         raise ValueError(
-            "make_optimizer got no parameters to optimize (do any of them require gradients?)."
+            "make_optimizer got no parameters to optimize (do any of them require "
+            "gradients?)."
         )
     return torch.optim.Adam(
         params,
@@ -310,3 +308,23 @@ def make_optimizer(
         weight_decay=weight_decay,
         fused=fused,
     )
+
+
+def _check_adam_args(
+    lr: float, betas: tuple[float, float], eps: float, weight_decay: float
+) -> None:
+    """Adam's settings, or a ValueError that says which is wrong."""
+    if lr <= 0.0:
+        raise ValueError(
+            f"lr must be positive, got {lr}; with make_scheduler use lr=1.0."
+        )
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(
+            f"betas must be two numbers in [0, 1), got {betas}; the paper uses "
+            f"(0.9, 0.98)."
+        )
+    if eps < 0.0 or weight_decay < 0.0:
+        raise ValueError(
+            f"eps and weight_decay must be >= 0, got eps={eps}, "
+            f"weight_decay={weight_decay}."
+        )
