@@ -23,10 +23,68 @@ __all__ = [
 
 
 # Chapter 1, "The exported function"
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """Attention(Q, K, V) = softmax(QK^T/sqrt(d_k))V (chapter 1; paper, eq. 1).
+
+    Args:
+        q: queries [..., q_len, d_k].
+        k: keys [..., k_len, d_k].
+        v: values [..., k_len, d_v].
+        mask: boolean, True where a query may attend to a key, broadcastable to
+            [..., q_len, k_len], e.g. [batch, heads, q_len, k_len].
+        dropout_p: dropout probability on the weights; pass 0.0 at evaluation time.
+
+    Returns:
+        The output [..., q_len, d_v] and the weights [..., q_len, k_len] it was
+        computed with (after dropout). A query that may attend to nothing gets zero
+        weights and a zero output.
+    """
+    check_attention_inputs(q, k, v, mask)
+    _check_dropout(dropout_p)
+    # Scaling q rather than the scores costs q_len * d_k multiplications instead of
+    # q_len * k_len, and keeps float16 scores in range.
+    q = q * (1.0 / math.sqrt(q.size(-1)))
+    scores = q @ k.transpose(-2, -1)  # [..., q_len, k_len]
+    weights = masked_softmax(scores, mask)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v, weights  # [..., q_len, d_v], [..., q_len, k_len]
+
+
+def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Softmax over the last axis with exactly zero weight where blocked (chapter 1).
+
+    Args:
+        scores: attention scores [..., q_len, k_len].
+        mask: boolean, True where attending is allowed, broadcastable to `scores`.
+
+    Returns:
+        weights of the shape of `scores`; rows with no allowed position are all zero.
+    """
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    # The dtype's most negative finite value, not -inf: a row with nothing allowed
+    # becomes uniform instead of NaN, and unlike a constant such as -1e9 it exists
+    # in float16.
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    # Exact zeros where blocked; this also empties the rows with nothing allowed.
+    return weights.masked_fill(~mask, 0.0)
+
+
 def check_attention_inputs(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, same_d_k: bool = True
 ) -> torch.Size:
-    """Check the inputs of attention; return the scores' shape [..., q_len, k_len] (chapter 1)."""
+    """Check the inputs of attention; return the scores' shape (chapter 1).
+
+    The shape is [..., q_len, k_len]; bad input raises a ValueError.
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() < 2:
             raise ValueError(
@@ -59,21 +117,25 @@ def check_attention_inputs(
     return scores_shape
 
 
+def _check_dropout(dropout_p: float) -> None:
+    """A dropout probability must be in [0, 1) (chapter 1)."""
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(
+            f"dropout_p must be in [0, 1), got {dropout_p}; pass 0.0 at evaluation."
+        )
+
+
 def _check_mask(mask: Tensor, scores_shape: torch.Size) -> None:
-    """A mask must be boolean, broadcast to the scores and be unambiguous (chapter 1)."""
+    """A mask is boolean, broadcasts to the scores and is unambiguous (chapter 1)."""
     if mask.dtype != torch.bool:
         raise ValueError(
             f"mask must be a torch.bool tensor, True where a query may attend, "
             f"got {mask.dtype}; if it holds 1 = attend and 0 = blocked, pass "
             f"mask.bool()."
         )
-    lead, q_len = len(scores_shape) - 2, scores_shape[-2]  # lead: the batch dimensions
-    general = (
-        "[" + ", ".join(["1"] * lead + ["q_len", "k_len"]) + "]"
-    )  # [1, 1, q_len, k_len]
-    from_torch = (
-        "~key_padding_mask[:, " + "None, " * lead + ":]"
-    )  # True = padding: flip it
+    lead, q_len = len(scores_shape) - 2, scores_shape[-2]  # lead: batch dimensions
+    general = "[" + ", ".join(["1"] * lead + ["q_len", "k_len"]) + "]"  # [1, 1, q, k]
+    from_torch = "~key_padding_mask[:, " + "None, " * lead + ":]"  # flip True = pad
     try:
         fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
     except RuntimeError:
@@ -92,74 +154,16 @@ def _check_mask(mask: Tensor, scores_shape: torch.Size) -> None:
             f"dimensions size 1, e.g. {hint}."
         )
     if mask.dim() == 2 and lead > 0 and scores_shape[0] == q_len > 1:
-        # [q_len, k_len], or PyTorch's [batch, k_len] with True = padding? Do not guess.
+        # [q_len, k_len], or PyTorch's [batch, k_len] with True = padding? Ask.
         nones = ", ".join(["None"] * lead)
         raise ValueError(
             f"a 2-D mask of shape {tuple(mask.shape)} is ambiguous here: the scores "
             f"{tuple(scores_shape)} have batch = q_len = {q_len}, so it could be a "
             f"[q_len, k_len] mask (True = may attend) or PyTorch's key_padding_mask "
-            f"[batch, k_len] (True = padding), which means the opposite. Pass a causal or "
-            f"other [q_len, k_len] mask as {general}, e.g. causal_mask(n)[{nones}], and a "
-            f"key padding mask as {from_torch}."
+            f"[batch, k_len] (True = padding), which means the opposite. Pass a "
+            f"causal or other [q_len, k_len] mask as {general}, e.g. "
+            f"causal_mask(n)[{nones}], and a key padding mask as {from_torch}."
         )
-
-
-def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Softmax over the last axis with exactly zero weight where blocked (chapter 1).
-
-    Args:
-        scores: attention scores [..., q_len, k_len].
-        mask: boolean, True where attending is allowed, broadcastable to `scores`.
-
-    Returns:
-        weights of the shape of `scores`; rows with no allowed position are all zero.
-    """
-    if mask is None:
-        return torch.softmax(scores, dim=-1)
-    # The dtype's most negative finite value, not -inf: a row with nothing allowed
-    # becomes uniform instead of NaN, and unlike a constant such as -1e9 it exists
-    # in float16.
-    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1)
-    # Exact zeros where blocked; this also empties the rows with nothing allowed.
-    return weights.masked_fill(~mask, 0.0)
-
-
-def scaled_dot_product_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-) -> tuple[Tensor, Tensor]:
-    """Scaled dot-product attention, softmax(QK^T/sqrt(d_k))V (chapter 1, eq. 1 of the paper).
-
-    Args:
-        q: queries [..., q_len, d_k].
-        k: keys [..., k_len, d_k].
-        v: values [..., k_len, d_v].
-        mask: boolean, True where a query may attend to a key, broadcastable to
-            [..., q_len, k_len], e.g. [batch, heads, q_len, k_len].
-        dropout_p: dropout probability on the weights; pass 0.0 at evaluation time.
-
-    Returns:
-        The output [..., q_len, d_v] and the weights [..., q_len, k_len] it was
-        computed with (after dropout). A query that may attend to nothing gets zero
-        weights and a zero output.
-    """
-    check_attention_inputs(q, k, v, mask)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(
-            f"dropout_p must be in [0, 1), got {dropout_p}; pass 0.0 at evaluation."
-        )
-    # Scaling q rather than the scores costs q_len * d_k multiplications instead of
-    # q_len * k_len, and keeps float16 scores in range.
-    q = q * (1.0 / math.sqrt(q.size(-1)))
-    scores = q @ k.transpose(-2, -1)  # [..., q_len, k_len]
-    weights = masked_softmax(scores, mask)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
-    return weights @ v, weights  # [..., q_len, d_v], [..., q_len, k_len]
 
 
 # Chapter 1, "Additive attention"
