@@ -20,23 +20,23 @@ __all__ = [
 ]
 
 
-# Chapter 6, "Sublayers: feed-forward network, residual connections and layer normalization"
+# Chapter 6, "The position-wise feed-forward network"
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
 
-# Chapter 6, "The position-wise feed-forward network"
 class PositionwiseFeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, the same at every position (chapter 6; paper eq. 2).
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 at every position (chapter 6; eq. 2).
 
     Args:
         d_model: width of the input and output vectors (512 in the base model).
         d_ff: number of hidden units (2048 in the base model).
-        dropout: dropout rate on the hidden units, as in torch.nn.TransformerEncoderLayer
-            (the paper applies none there).
+        dropout: dropout rate on the hidden units, as in
+            torch.nn.TransformerEncoderLayer (the paper applies none there).
         activation: "relu" (the paper) or "gelu".
 
     Attributes:
-        w_1: the nn.Linear(d_model, d_ff) holding W_1 (as its weight, transposed) and b_1.
+        w_1: the nn.Linear(d_model, d_ff) holding W_1 (as its weight, transposed)
+            and b_1.
         w_2: the nn.Linear(d_ff, d_model) holding W_2 and b_2.
         dropout: the nn.Dropout on the hidden units.
     """
@@ -45,47 +45,60 @@ class PositionwiseFeedForward(nn.Module):
         self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"
     ) -> None:
         super().__init__()
-        for name, size in (("d_model", d_model), ("d_ff", d_ff)):
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(
-                    f"{name} must be a positive int, got {size!r}; the base model has "
-                    f"d_model=512 and d_ff=2048."
-                )
-        if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}; "
-                f"the paper uses 'relu'."
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(
-                f"dropout must be in [0, 1), got {dropout}; the paper's rate is 0.1."
-            )
+        _check_ffn_args(d_model, d_ff, dropout, activation)
         self.d_model, self.d_ff, self.activation = d_model, d_ff, activation
         self.w_1 = nn.Linear(d_model, d_ff)  # W_1, b_1
         self.w_2 = nn.Linear(d_ff, d_model)  # W_2, b_2
-        self.dropout = nn.Dropout(
-            dropout
-        )  # on the hidden units, as torch.nn.TransformerEncoderLayer does
+        # on the hidden units, as torch.nn.TransformerEncoderLayer does
+        self.dropout = nn.Dropout(dropout)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
 
     def forward(self, x: Tensor) -> Tensor:
-        """Apply the two linear maps around the activation: [..., d_model] -> [..., d_model]."""
-        if x.dim() == 0 or x.size(-1) != self.d_model:
-            raise ValueError(
-                f"the feed-forward network expects inputs of width d_model={self.d_model} "
-                f"in their last axis, got shape {tuple(x.shape)}."
-            )
-        hidden = ACTIVATIONS[self.activation](
-            self.w_1(x)
-        )  # max(0, x W_1 + b_1): [..., d_ff]
+        """The two linear maps around the activation: [..., d_model] -> same shape."""
+        _check_ffn_input(x, self.d_model)
+        # max(0, x W_1 + b_1): [..., d_ff]
+        hidden = ACTIVATIONS[self.activation](self.w_1(x))
         return self.w_2(self.dropout(hidden))  # [..., d_model]
+
+
+def _check_ffn_args(d_model: int, d_ff: int, dropout: float, activation: str) -> None:
+    """The sizes, the dropout rate and the activation of a FFN (chapter 6)."""
+    for name, size in (("d_model", d_model), ("d_ff", d_ff)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"{name} must be a positive int, got {size!r}; the base model has "
+                f"d_model=512 and d_ff=2048."
+            )
+    if activation not in ACTIVATIONS:
+        raise ValueError(
+            f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}; "
+            f"the paper uses 'relu'."
+        )
+    _check_dropout(dropout)
+
+
+def _check_dropout(dropout: float) -> None:
+    """A dropout rate in [0, 1) (chapter 6)."""
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(
+            f"dropout must be in [0, 1), got {dropout}; the paper's rate is 0.1."
+        )
+
+
+def _check_ffn_input(x: Tensor, d_model: int) -> None:
+    """The FFN acts on the last axis, which must be d_model wide (chapter 6)."""
+    if x.dim() == 0 or x.size(-1) != d_model:
+        raise ValueError(
+            f"the feed-forward network expects inputs of width d_model={d_model} "
+            f"in their last axis, got shape {tuple(x.shape)}."
+        )
 
 
 # Chapter 6, "Post-norm and pre-norm"
 class Residual(nn.Module):
-    """A residual connection with layer normalization around a sublayer, post-norm or pre-norm (chapter 6).
+    """A residual connection with LayerNorm around a sublayer (chapter 6).
 
     Post-norm (the paper, sections 3.1 and 5.4): LayerNorm(x + Dropout(sublayer(x))).
     Pre-norm: x + Dropout(sublayer(LayerNorm(x))); a stack of pre-norm layers
@@ -93,7 +106,8 @@ class Residual(nn.Module):
 
     Args:
         d_model: width of the vectors (512 in the base model).
-        dropout: dropout rate on the sublayer's output, before the sum (0.1 in the paper).
+        dropout: dropout rate on the sublayer's output, before the sum (0.1 in the
+            paper).
         norm_first: False for post-norm (the paper), True for pre-norm.
         eps: the LayerNorm's epsilon, added to the variance.
 
@@ -110,42 +124,56 @@ class Residual(nn.Module):
         eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-            raise ValueError(f"d_model must be a positive int, got {d_model!r}.")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(
-                f"dropout must be in [0, 1), got {dropout}; the paper's rate is 0.1."
-            )
-        if not eps > 0:
-            raise ValueError(
-                f"eps must be positive, got {eps}; LayerNorm divides by sqrt(variance + eps)."
-            )
+        _check_residual_args(d_model, dropout, eps)
         self.d_model, self.norm_first = d_model, norm_first
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(
-            dropout
-        )  # on the sublayer's output, before the sum (paper, 5.4)
+        # on the sublayer's output, before the sum (paper, 5.4)
+        self.dropout = nn.Dropout(dropout)
 
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}"
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        """x plus the sublayer's output, normalized after (post-norm) or before (pre-norm)."""
-        if x.dim() == 0 or x.size(-1) != self.d_model:
-            raise ValueError(
-                f"Residual was built for d_model={self.d_model}, got an input of shape {tuple(x.shape)}."
-            )
+        """x plus the sublayer's output, normalized after (post-norm) or before."""
+        _check_residual_input(x, self.d_model)
         out = sublayer(self.norm(x) if self.norm_first else x)  # [..., d_model]
-        if not isinstance(out, Tensor):
-            raise ValueError(
-                f"the sublayer must return one tensor, got {type(out).__name__}; MultiHeadAttention "
-                f"returns (output, weights): pass lambda h: attention(h, mask=mask)[0]."
-            )
-        if out.shape != x.shape:
-            raise ValueError(
-                f"the sublayer must keep the shape of its input for the residual sum: "
-                f"got {tuple(out.shape)} from an input of shape {tuple(x.shape)}."
-            )
+        _check_sublayer_output(out, x)
         if self.norm_first:
             return x + self.dropout(out)  # [..., d_model]
         return self.norm(x + self.dropout(out))  # [..., d_model]
+
+
+def _check_residual_args(d_model: int, dropout: float, eps: float) -> None:
+    """A positive width, a dropout rate in [0, 1) and a positive eps (chapter 6)."""
+    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+        raise ValueError(f"d_model must be a positive int, got {d_model!r}.")
+    _check_dropout(dropout)
+    if not eps > 0:
+        raise ValueError(
+            f"eps must be positive, got {eps}; "
+            "LayerNorm divides by sqrt(variance + eps)."
+        )
+
+
+def _check_residual_input(x: Tensor, d_model: int) -> None:
+    """The input's last axis is d_model wide (chapter 6)."""
+    if x.dim() == 0 or x.size(-1) != d_model:
+        raise ValueError(
+            f"Residual was built for d_model={d_model}, got an input of shape "
+            f"{tuple(x.shape)}."
+        )
+
+
+def _check_sublayer_output(out: Tensor, x: Tensor) -> None:
+    """The sublayer returns one tensor of its input's shape (chapter 6)."""
+    if not isinstance(out, Tensor):
+        raise ValueError(
+            f"the sublayer must return one tensor, got {type(out).__name__}; "
+            f"MultiHeadAttention returns (output, weights): pass "
+            f"lambda h: attention(h, mask=mask)[0]."
+        )
+    if out.shape != x.shape:
+        raise ValueError(
+            f"the sublayer must keep the shape of its input for the residual sum: "
+            f"got {tuple(out.shape)} from an input of shape {tuple(x.shape)}."
+        )
