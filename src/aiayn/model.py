@@ -52,10 +52,10 @@ POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Every size and choice of an encoder-decoder Transformer (chapter 9; paper, Table 3).
+    """Every size and choice of the Transformer (chapter 9; paper, Table 3).
 
     Args:
-        src_vocab_size, tgt_vocab_size: sizes of the source and target vocabularies.
+        src_vocab_size, tgt_vocab_size: sizes of the two vocabularies.
         d_model: width of every vector between the embeddings and the head (512).
         n_heads: attention heads h of every attention layer (8); d_k = d_model / h.
         n_encoder_layers, n_decoder_layers: the N of each stack (6 and 6).
@@ -95,97 +95,15 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot make a model, saying how to fix them."""
-        for name in (
-            "src_vocab_size",
-            "tgt_vocab_size",
-            "d_model",
-            "n_heads",
-            "n_encoder_layers",
-            "n_decoder_layers",
-            "d_ff",
-            "max_len",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int of at least 1, got {value!r}.")
-        if self.d_model % self.n_heads != 0:
-            divisors = [h for h in range(1, 33) if self.d_model % h == 0]
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head gets "
-                f"d_k = d_model / n_heads dimensions. Pick n_heads from {divisors} or change d_model."
-            )
-        if self.positional not in POSITIONAL_ENCODINGS:
-            raise ValueError(
-                f"positional must be one of {POSITIONAL_ENCODINGS}, got {self.positional!r}."
-            )
-        if self.positional == "sinusoidal" and self.d_model % 2 != 0:
-            raise ValueError(
-                f"the sinusoidal encoding needs an even d_model (a sine and a cosine per "
-                f"frequency), got {self.d_model}; use an even d_model or positional='learned'."
-            )
-        if (
-            isinstance(self.dropout, bool)
-            or not isinstance(self.dropout, (int, float))
-            or not 0.0 <= self.dropout < 1.0
-        ):
-            raise ValueError(
-                f"dropout must be a number in [0, 1), got {self.dropout!r}."
-            )
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}."
-            )
-        for name in ("norm_first", "share_embeddings", "tie_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"{name} must be True or False, got {getattr(self, name)!r}."
-                )
-        if self.final_norm is not None and not isinstance(self.final_norm, bool):
-            raise ValueError(
-                f"final_norm must be None, True or False, got {self.final_norm!r}."
-            )
-        if (
-            isinstance(self.eps, bool)
-            or not isinstance(self.eps, (int, float))
-            or not self.eps > 0
-        ):
-            raise ValueError(f"eps must be a positive number, got {self.eps!r}.")
-        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise ValueError(
-                f"share_embeddings=True uses one matrix for both embeddings, which needs one "
-                f"vocabulary, but src_vocab_size={self.src_vocab_size} and "
-                f"tgt_vocab_size={self.tgt_vocab_size}; build a joint vocabulary (the paper's "
-                f"shared byte-pair vocabulary) or set share_embeddings=False."
-            )
-        smallest = min(self.src_vocab_size, self.tgt_vocab_size)
-        for name, limit in (
-            ("pad_id", smallest),
-            ("bos_id", self.tgt_vocab_size),
-            ("eos_id", self.tgt_vocab_size),
-        ):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or not 0 <= value < limit
-            ):
-                where = (
-                    "both vocabularies" if name == "pad_id" else "the target vocabulary"
-                )
-                raise ValueError(
-                    f"{name} must be a token id of {where}, in [0, {limit}), got {value!r}."
-                )
-        if self.pad_id in (self.bos_id, self.eos_id):
-            raise ValueError(
-                f"pad_id={self.pad_id} equals bos_id={self.bos_id} or eos_id={self.eos_id}: the "
-                f"padding mask would hide every start or end token. Give padding its own id."
-            )
+        self._check_sizes()
+        self._check_choices()
+        self._check_ids()
 
     @classmethod
     def _preset(
         cls, vocab_size: int, sizes: dict[str, Any], overrides: dict[str, Any]
     ) -> TransformerConfig:
-        """One vocabulary for both sides, the preset's sizes, then the caller's overrides."""
+        """One vocabulary for both sides, the preset's sizes, then the overrides."""
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - fields)
         if unknown:
@@ -203,7 +121,10 @@ class TransformerConfig:
 
     @classmethod
     def base(cls, vocab_size: int = 37000, **overrides: Any) -> TransformerConfig:
-        """The paper's base model: d_model 512, 8 heads, 6 + 6 layers, d_ff 2048, dropout 0.1 (Table 3)."""
+        """The paper's base model (Table 3).
+
+        d_model 512, 8 heads, 6 + 6 layers, d_ff 2048, dropout 0.1.
+        """
         sizes = dict(
             d_model=512,
             n_heads=8,
@@ -216,7 +137,10 @@ class TransformerConfig:
 
     @classmethod
     def big(cls, vocab_size: int = 37000, **overrides: Any) -> TransformerConfig:
-        """The paper's big model: d_model 1024, 16 heads, 6 + 6 layers, d_ff 4096, dropout 0.3 (Table 3)."""
+        """The paper's big model (Table 3).
+
+        d_model 1024, 16 heads, 6 + 6 layers, d_ff 4096, dropout 0.3.
+        """
         sizes = dict(
             d_model=1024,
             n_heads=16,
@@ -229,7 +153,10 @@ class TransformerConfig:
 
     @classmethod
     def small(cls, vocab_size: int, **overrides: Any) -> TransformerConfig:
-        """A small model for Multi30k on one GPU: d_model 256, 4 heads, 3 + 3 layers, d_ff 1024 (chapter 9)."""
+        """A small model for Multi30k on one GPU (chapter 9).
+
+        d_model 256, 4 heads, 3 + 3 layers, d_ff 1024, dropout 0.1.
+        """
         sizes = dict(
             d_model=256,
             n_heads=4,
@@ -242,7 +169,10 @@ class TransformerConfig:
 
     @classmethod
     def tiny(cls, vocab_size: int, **overrides: Any) -> TransformerConfig:
-        """A tiny model for synthetic tasks on a CPU: d_model 64, 4 heads, 2 + 2 layers, d_ff 128 (chapter 9)."""
+        """A tiny model for synthetic tasks on a CPU (chapter 9).
+
+        d_model 64, 4 heads, 2 + 2 layers, d_ff 128, no dropout.
+        """
         sizes = dict(
             d_model=64,
             n_heads=4,
@@ -254,7 +184,7 @@ class TransformerConfig:
         return cls._preset(vocab_size, sizes, overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain Python values, which torch.load(weights_only=True) accepts."""
+        """The fields as plain values, which torch.load(weights_only=True) reads."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -262,7 +192,8 @@ class TransformerConfig:
         """The config that to_dict() returned, validated like any other."""
         if not isinstance(data, Mapping):
             raise ValueError(
-                f"from_dict takes a mapping of field names to values, got {type(data).__name__}."
+                "from_dict takes a mapping of field names to values, got "
+                f"{type(data).__name__}."
             )
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(fields))
@@ -273,14 +204,116 @@ class TransformerConfig:
         )
         if unknown or missing:
             raise ValueError(
-                f"not a TransformerConfig: unknown fields {unknown}, missing fields {missing}."
+                f"not a TransformerConfig: unknown fields {unknown}, "
+                f"missing fields {missing}."
             )
         return cls(**data)
+
+    def _check_sizes(self) -> None:
+        """Positive int sizes; d_model divisible by n_heads, and even for sinusoids."""
+        for name in (
+            "src_vocab_size",
+            "tgt_vocab_size",
+            "d_model",
+            "n_heads",
+            "n_encoder_layers",
+            "n_decoder_layers",
+            "d_ff",
+            "max_len",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int of at least 1, got {value!r}.")
+        if self.d_model % self.n_heads != 0:
+            divisors = [h for h in range(1, 33) if self.d_model % h == 0]
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
+                "each head gets d_k = d_model / n_heads dimensions. "
+                f"Pick n_heads from {divisors} or change d_model."
+            )
+        if self.positional not in POSITIONAL_ENCODINGS:
+            raise ValueError(
+                f"positional must be one of {POSITIONAL_ENCODINGS}, "
+                f"got {self.positional!r}."
+            )
+        if self.positional == "sinusoidal" and self.d_model % 2 != 0:
+            raise ValueError(
+                "the sinusoidal encoding needs an even d_model (a sine and a cosine "
+                f"per frequency), got {self.d_model}; use an even d_model or "
+                "positional='learned'."
+            )
+
+    def _check_choices(self) -> None:
+        """Dropout in [0, 1), a known activation, booleans, a positive epsilon."""
+        if (
+            isinstance(self.dropout, bool)
+            or not isinstance(self.dropout, (int, float))
+            or not 0.0 <= self.dropout < 1.0
+        ):
+            raise ValueError(
+                f"dropout must be a number in [0, 1), got {self.dropout!r}."
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {sorted(ACTIVATIONS)}, "
+                f"got {self.activation!r}."
+            )
+        for name in ("norm_first", "share_embeddings", "tie_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"{name} must be True or False, got {getattr(self, name)!r}."
+                )
+        if self.final_norm is not None and not isinstance(self.final_norm, bool):
+            raise ValueError(
+                f"final_norm must be None, True or False, got {self.final_norm!r}."
+            )
+        if (
+            isinstance(self.eps, bool)
+            or not isinstance(self.eps, (int, float))
+            or not self.eps > 0
+        ):
+            raise ValueError(f"eps must be a positive number, got {self.eps!r}.")
+
+    def _check_ids(self) -> None:
+        """One vocabulary when shared; special ids in range; padding its own id."""
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "share_embeddings=True uses one matrix for both embeddings, which "
+                f"needs one vocabulary, but src_vocab_size={self.src_vocab_size} and "
+                f"tgt_vocab_size={self.tgt_vocab_size}; build a joint vocabulary "
+                "(the paper's shared byte-pair vocabulary) or set "
+                "share_embeddings=False."
+            )
+        smallest = min(self.src_vocab_size, self.tgt_vocab_size)
+        for name, limit in (
+            ("pad_id", smallest),
+            ("bos_id", self.tgt_vocab_size),
+            ("eos_id", self.tgt_vocab_size),
+        ):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value < limit
+            ):
+                where = (
+                    "both vocabularies" if name == "pad_id" else "the target vocabulary"
+                )
+                raise ValueError(
+                    f"{name} must be a token id of {where}, "
+                    f"in [0, {limit}), got {value!r}."
+                )
+        if self.pad_id in (self.bos_id, self.eos_id):
+            raise ValueError(
+                f"pad_id={self.pad_id} equals bos_id={self.bos_id} or "
+                f"eos_id={self.eos_id}: the padding mask would hide every start or "
+                "end token. Give padding its own id."
+            )
 
 
 # Chapter 9, "The model"
 class Transformer(nn.Module):
-    """The encoder-decoder Transformer: embeddings, encoder, decoder, prediction head (chapter 9; paper, Figure 1).
+    """The encoder-decoder Transformer of Figure 1 of the paper (chapter 9).
 
     Args:
         config: the sizes and choices, a TransformerConfig.
@@ -299,12 +332,7 @@ class Transformer(nn.Module):
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        if not isinstance(config, TransformerConfig):
-            raise ValueError(
-                f"Transformer takes a TransformerConfig, got {type(config).__name__}; e.g. "
-                f"Transformer(TransformerConfig.base(vocab_size=37000)), or "
-                f"TransformerConfig.from_dict(d) for a dict."
-            )
+        self._check_config(config)
         c = self.config = config
         self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, pad_id=c.pad_id)
         self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, c.d_model, pad_id=c.pad_id)
@@ -329,9 +357,13 @@ class Transformer(nn.Module):
         self.encoder = Encoder(c.n_encoder_layers, **stack)
         self.decoder = Decoder(c.n_decoder_layers, **stack)
         self.head = PredictionHead(c.d_model, c.tgt_vocab_size)
-        if (
-            c.tie_output
-        ):  # the head's matrix becomes the target's (and the source's) embedding
+        self._share_matrices()
+        self.reset_parameters()
+
+    def _share_matrices(self) -> None:
+        """Tie the head and the embeddings as the config says (paper, section 3.4)."""
+        c = self.config
+        if c.tie_output:  # the head's matrix becomes the target's (and the source's)
             tie_weights(
                 self.head,
                 self.tgt_embed,
@@ -339,7 +371,6 @@ class Transformer(nn.Module):
             )
         elif c.share_embeddings:
             tie_weights(self.tgt_embed, self.src_embed)
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Draw every parameter afresh, with init_weights (chapter 9)."""
@@ -350,16 +381,36 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def new_cache(self) -> DecoderCache:
-        """An empty cache for decoding one batch of sources step by step (chapter 8)."""
+        """An empty cache for decoding one batch step by step (chapter 8)."""
         return self.decoder.new_cache()
 
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Teacher forcing: logits [batch, tgt_len, tgt_vocab_size] (chapter 9).
+
+        Row i of the output scores the token that follows tgt[:, i]; tgt is the
+        target shifted right behind a start token (chapter 11).
+        """
+        self._check_tokens("src", src)
+        self._check_tokens("tgt", tgt)
+        self._check_batches(src, tgt)
+        memory = self.encode(src)  # [batch, src_len, d_model]
+        return self.decode(tgt, memory, src)  # [batch, tgt_len, tgt_vocab_size]
+
     def encode(self, src: Tensor) -> Tensor:
-        """Source ids [batch, src_len] -> memory [batch, src_len, d_model], padding masked (chapter 9)."""
+        """Source ids [batch, src_len] -> memory [batch, src_len, d_model]."""
         self._check_tokens("src", src)
         x = self._embed("src", src)  # [batch, src_len, d_model]
-        return self.encoder(
-            x, mask=padding_mask(src, self.config.pad_id)
-        )  # [batch, src_len, d_model]
+        mask = padding_mask(src, self.config.pad_id)  # [batch, 1, 1, src_len]
+        return self.encoder(x, mask=mask)  # [batch, src_len, d_model]
+
+    def _embed(self, name: str, tokens: Tensor, offset: int = 0) -> Tensor:
+        """Dropout(sqrt(d_model) E[tokens] + PE[offset:]) (chapters 4, 5)."""
+        embedding = self.src_embed if name == "src" else self.tgt_embed
+        try:
+            x = embedding(tokens)  # checks the ids' range: [batch, len, d_model]
+        except ValueError as err:
+            raise ValueError(f"{name}: {err}") from None
+        return self.positional(x, offset=offset)  # [batch, len, d_model]
 
     def decode(
         self,
@@ -368,10 +419,10 @@ class Transformer(nn.Module):
         src: Tensor,
         cache: DecoderCache | None = None,
     ) -> Tensor:
-        """Target ids [batch, tgt_len] and the memory -> logits [batch, tgt_len, tgt_vocab_size] (chapter 9).
+        """Target ids and the memory -> logits [batch, tgt_len, V] (chapter 9).
 
         Args:
-            tgt: decoder input ids [batch, tgt_len]; with a cache, only the new positions.
+            tgt: decoder input ids [batch, tgt_len]; with a cache, the new positions.
             memory: the encoder output [batch, src_len, d_model], from encode(src).
             src: the source ids [batch, src_len], whose padding mask is built here, or
                 that mask itself, boolean [batch, 1, 1, src_len].
@@ -380,52 +431,102 @@ class Transformer(nn.Module):
                 without a cache: with padding at the end, as chapter 11 pads, no real
                 position can see a pad anyway.
         """
-        offset = 0
-        if cache is not None:
-            if not isinstance(cache, DecoderCache):
-                raise ValueError(
-                    f"cache must be a DecoderCache from model.new_cache(), got {type(cache).__name__}."
-                )
-            offset = cache.seq_len
+        offset = self._cache_offset(cache)
         self._check_tokens("tgt", tgt, offset)
         memory_mask = self._memory_mask(src, memory, tgt)  # [batch, 1, 1, src_len]
         x = self._embed("tgt", tgt, offset)  # [batch, tgt_len, d_model]
         new = tgt.size(1)
-        if cache is None:
-            self_mask = target_mask(
-                tgt, self.config.pad_id
-            )  # causal AND padding: [batch, 1, tgt_len, tgt_len]
+        if cache is None:  # causal AND padding: [batch, 1, tgt_len, tgt_len]
+            self_mask = target_mask(tgt, self.config.pad_id)
         elif new == 1:
             self_mask = None  # the newest position may attend to every cached one
-        else:
-            # The rows of the new positions, with explicit axes: [1, 1, new, cached + new]
+        else:  # the rows of the new positions: [1, 1, new, cached + new]
             self_mask = causal_mask(offset + new, device=tgt.device)[-new:][None, None]
         y = self.decoder(
             x, memory, self_mask=self_mask, memory_mask=memory_mask, cache=cache
         )
         return self.head(y)  # [batch, tgt_len, tgt_vocab_size]
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """Teacher forcing: logits [batch, tgt_len, tgt_vocab_size] for source and decoder input ids (chapter 9).
+    def save(self, path: str | os.PathLike) -> None:
+        """Write checkpoint_dict(self) to path with write_checkpoint (chapter 9)."""
+        write_checkpoint(checkpoint_dict(self), path)
 
-        Row i of the output scores the token that follows tgt[:, i]; tgt is the target
-        shifted right behind a start token (chapter 11).
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, map_location: str | torch.device | None = None
+    ) -> Transformer:
+        """Rebuild a model written by save(), moved to map_location (chapter 9)."""
+        checkpoint = read_checkpoint(path)
+        model = cls(TransformerConfig.from_dict(checkpoint["config"]))
+        load_state_dict_checked(model, checkpoint["state_dict"])
+        return model if map_location is None else model.to(map_location)
+
+    def load_weights(self, path: str | os.PathLike) -> None:
+        """Load the weights that save() wrote, if the architectures agree (chapter 9).
+
+        Dropout may differ, and so may max_len when both use the sinusoidal table
+        (it holds no weights); every other field of the configurations must agree.
         """
-        self._check_tokens("src", src)
-        self._check_tokens("tgt", tgt)
+        checkpoint = read_checkpoint(path)
+        saved = TransformerConfig.from_dict(checkpoint["config"])
+        self._check_architecture(saved, path)
+        load_state_dict_checked(self, checkpoint["state_dict"])
+
+    def _check_config(self, config: Any) -> None:
+        """Stop anything but a TransformerConfig."""
+        if not isinstance(config, TransformerConfig):
+            raise ValueError(
+                f"Transformer takes a TransformerConfig, got {type(config).__name__}; "
+                "e.g. Transformer(TransformerConfig.base(vocab_size=37000)), or "
+                "TransformerConfig.from_dict(d) for a dict."
+            )
+
+    def _check_batches(self, src: Tensor, tgt: Tensor) -> None:
+        """Stop a source and a target batch of different sizes."""
         if src.size(0) != tgt.size(0):
             raise ValueError(
-                f"src holds {src.size(0)} sequences but tgt holds {tgt.size(0)}: row b of tgt is "
-                f"decoded from row b of src. Pass batches of the same size."
+                f"src holds {src.size(0)} sequences but tgt holds {tgt.size(0)}: "
+                "row b of tgt is decoded from row b of src. "
+                "Pass batches of the same size."
             )
-        memory = self.encode(src)  # [batch, src_len, d_model]
-        return self.decode(tgt, memory, src)  # [batch, tgt_len, tgt_vocab_size]
+
+    def _cache_offset(self, cache: DecoderCache | None) -> int:
+        """The positions a cache holds already; 0 without one."""
+        if cache is None:
+            return 0
+        if not isinstance(cache, DecoderCache):
+            raise ValueError(
+                "cache must be a DecoderCache from model.new_cache(), "
+                f"got {type(cache).__name__}."
+            )
+        return cache.seq_len
+
+    def _check_architecture(self, saved: TransformerConfig, path: Any) -> None:
+        """Stop weights of a config that differs in more than dropout (and max_len)."""
+        free = {"dropout"} | (
+            {"max_len"}
+            if saved.positional == self.config.positional == "sinusoidal"
+            else set()
+        )
+        differ = [
+            f"{f.name}={getattr(saved, f.name)!r} there, "
+            f"{getattr(self.config, f.name)!r} here"
+            for f in dataclasses.fields(saved)
+            if f.name not in free
+            and getattr(saved, f.name) != getattr(self.config, f.name)
+        ]
+        if differ:
+            raise ValueError(
+                f"{path} holds a model of another architecture: {'; '.join(differ)}. "
+                "Build that model from the checkpoint with Transformer.load(path)."
+            )
 
     def _check_tokens(self, name: str, tokens: Tensor, offset: int = 0) -> None:
-        """Stop ids that are not integers [batch, seq] or do not fit the positional table."""
+        """Stop ids that are not integers [batch, seq] or overflow the table."""
         if not isinstance(tokens, Tensor):
             raise ValueError(
-                f"{name} must be a tensor of token ids [batch, {name}_len], got {type(tokens).__name__}."
+                f"{name} must be a tensor of token ids [batch, {name}_len], "
+                f"got {type(tokens).__name__}."
             )
         if (
             tokens.is_floating_point()
@@ -433,34 +534,28 @@ class Transformer(nn.Module):
             or tokens.dtype == torch.bool
         ):
             raise ValueError(
-                f"{name} must hold integer token ids, got dtype {tokens.dtype}; if these are ids "
-                f"stored in another dtype, convert them with {name}.long()."
+                f"{name} must hold integer token ids, got dtype {tokens.dtype}; if "
+                "these are ids stored in another dtype, convert them with "
+                f"{name}.long()."
             )
         if tokens.dim() != 2 or tokens.size(1) == 0:
             raise ValueError(
-                f"{name} must have shape [batch, {name}_len] with {name}_len >= 1, got "
-                f"{tuple(tokens.shape)}; for a single sentence use {name}.unsqueeze(0)."
+                f"{name} must have shape [batch, {name}_len] with {name}_len >= 1, "
+                f"got {tuple(tokens.shape)}; for a single sentence use "
+                f"{name}.unsqueeze(0)."
             )
         end = offset + tokens.size(1)
         if end > self.config.max_len:
             after = f" after {offset} cached positions" if offset else ""
             raise ValueError(
-                f"{name} has {tokens.size(1)} positions{after}, but the positional table holds "
-                f"max_len={self.config.max_len}; build the model with max_len={end} or more "
-                f"(TransformerConfig(..., max_len={end})), or shorten the sequence."
+                f"{name} has {tokens.size(1)} positions{after}, but the positional "
+                f"table holds max_len={self.config.max_len}; build the model with "
+                f"max_len={end} or more (TransformerConfig(..., max_len={end})), "
+                "or shorten the sequence."
             )
 
-    def _embed(self, name: str, tokens: Tensor, offset: int = 0) -> Tensor:
-        """Dropout(sqrt(d_model) E[tokens] + PE[offset:]) for the source or the target (chapters 4, 5)."""
-        embedding = self.src_embed if name == "src" else self.tgt_embed
-        try:
-            x = embedding(tokens)  # checks the ids' range: [batch, len, d_model]
-        except ValueError as err:
-            raise ValueError(f"{name}: {err}") from None
-        return self.positional(x, offset=offset)  # [batch, len, d_model]
-
     def _memory_mask(self, src: Tensor, memory: Tensor, tgt: Tensor) -> Tensor:
-        """The cross-attention mask [batch, 1, 1, src_len], from source ids or given (chapter 9)."""
+        """The cross-attention mask [batch, 1, 1, src_len], built or given."""
         if not isinstance(memory, Tensor) or memory.dim() != 3:
             shape = (
                 tuple(memory.shape)
@@ -468,12 +563,14 @@ class Transformer(nn.Module):
                 else type(memory).__name__
             )
             raise ValueError(
-                f"memory must be the encoder output [batch, src_len, d_model] of encode(src), got {shape}."
+                "memory must be the encoder output [batch, src_len, d_model] of "
+                f"encode(src), got {shape}."
             )
         if memory.size(0) != tgt.size(0):
             raise ValueError(
-                f"tgt holds {tgt.size(0)} sequences but memory {memory.size(0)}; for a beam search, "
-                f"repeat the memory: memory.repeat_interleave(beam_size, dim=0)."
+                f"tgt holds {tgt.size(0)} sequences but memory {memory.size(0)}; for "
+                "a beam search, repeat the memory: "
+                "memory.repeat_interleave(beam_size, dim=0)."
             )
         if isinstance(src, Tensor) and src.dtype == torch.bool:
             return src  # a ready mask; the decoder checks its shape
@@ -489,71 +586,36 @@ class Transformer(nn.Module):
                 else type(src).__name__
             )
             raise ValueError(
-                f"src must be the source ids [batch, src_len] or a boolean mask [batch, 1, 1, src_len], got {got}."
+                "src must be the source ids [batch, src_len] or a boolean mask "
+                f"[batch, 1, 1, src_len], got {got}."
             )
         if tuple(src.shape) != tuple(memory.shape[:2]):
             raise ValueError(
-                f"src has shape {tuple(src.shape)}, but memory was encoded from [batch, src_len] = "
-                f"{tuple(memory.shape[:2])}; pass the source that memory came from."
+                f"src has shape {tuple(src.shape)}, but memory was encoded from "
+                f"[batch, src_len] = {tuple(memory.shape[:2])}; pass the source that "
+                "memory came from."
             )
         return padding_mask(src, self.config.pad_id)  # [batch, 1, 1, src_len]
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write checkpoint_dict(self) to path with write_checkpoint (chapter 9)."""
-        write_checkpoint(checkpoint_dict(self), path)
-
-    @classmethod
-    def load(
-        cls, path: str | os.PathLike, map_location: str | torch.device | None = None
-    ) -> Transformer:
-        """Rebuild a model written by save(): its config, then its weights, moved to map_location (chapter 9)."""
-        checkpoint = read_checkpoint(path)
-        model = cls(TransformerConfig.from_dict(checkpoint["config"]))
-        load_state_dict_checked(model, checkpoint["state_dict"])
-        return model if map_location is None else model.to(map_location)
-
-    def load_weights(self, path: str | os.PathLike) -> None:
-        """Load the weights of a checkpoint written by save() into this model, if the architectures agree (chapter 9).
-
-        Dropout may differ, and so may max_len when both use the sinusoidal table
-        (it holds no weights); every other field of the configurations must agree.
-        """
-        checkpoint = read_checkpoint(path)
-        saved = TransformerConfig.from_dict(checkpoint["config"])
-        free = {"dropout"} | (
-            {"max_len"}
-            if saved.positional == self.config.positional == "sinusoidal"
-            else set()
-        )
-        differ = [
-            f"{f.name}={getattr(saved, f.name)!r} there, {getattr(self.config, f.name)!r} here"
-            for f in dataclasses.fields(saved)
-            if f.name not in free
-            and getattr(saved, f.name) != getattr(self.config, f.name)
-        ]
-        if differ:
-            raise ValueError(
-                f"{path} holds a model of another architecture: {'; '.join(differ)}. "
-                f"Build that model from the checkpoint with Transformer.load(path)."
-            )
-        load_state_dict_checked(self, checkpoint["state_dict"])
 
 
 # Chapter 9, "Initialisation"
 def init_weights(model: Transformer) -> None:
-    """Xavier-uniform matrices, zero biases, LayerNorm (1, 0), N(0, 1/d_model) embeddings (chapter 9)."""
+    """Xavier-uniform matrices, zero biases, LayerNorm (1, 0), N(0, 1/d_model) rows.
+
+    The rows are those of the embeddings and the head (chapter 9).
+    """
     for module in model.modules():
         if isinstance(module, MultiHeadAttention):
-            for w in module.in_proj.weight.chunk(
-                3
-            ):  # W^Q, W^K, W^V: three [d_model, d_model] views
+            # W^Q, W^K, W^V: three [d_model, d_model] views of the packed weight
+            for w in module.in_proj.weight.chunk(3):
                 nn.init.xavier_uniform_(w)
             nn.init.xavier_uniform_(module.out_proj.weight)  # W^O: [d_model, d_model]
         elif isinstance(module, PositionwiseFeedForward):
             nn.init.xavier_uniform_(module.w_1.weight)  # W_1: [d_ff, d_model]
             nn.init.xavier_uniform_(module.w_2.weight)  # W_2: [d_model, d_ff]
         elif isinstance(module, (nn.LayerNorm, nn.Embedding)):
-            module.reset_parameters()  # gain 1 and bias 0; a learned positional table N(0, 1)
+            # gain 1 and bias 0; a learned positional table N(0, 1)
+            module.reset_parameters()
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
     # Embeddings and head: N(0, 1/d_model) (chapter 5). The head goes first, so that a
@@ -565,7 +627,7 @@ def init_weights(model: Transformer) -> None:
 # Chapter 9, "A forward pass"
 @contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """The model in eval mode (no dropout) while inside, then back in its previous mode (chapter 9)."""
+    """The model in eval mode (no dropout) inside, then in its old mode (chapter 9)."""
     was_training = model.training
     model.eval()
     try:
@@ -581,26 +643,13 @@ CHECKPOINT_FORMAT = "aiayn.Transformer"
 def checkpoint_dict(
     model: Transformer, tokenizer: Any = None, **extra: Any
 ) -> dict[str, Any]:
-    """The checkpoint of model: format, config, CPU state_dict, tokenizer, extra (chapter 9)."""
-    if not isinstance(model, Transformer):
-        raise ValueError(
-            f"checkpoint_dict takes a Transformer, got {type(model).__name__}; for a model wrapped "
-            f"by DDP or torch.compile, pass model.module or model._orig_mod."
-        )
-    taken = sorted(
-        {"format", "config", "state_dict", "tokenizer", "sha256"} & set(extra)
-    )
-    if taken:
-        raise ValueError(
-            f"checkpoint_dict writes {taken} itself; give extra entries other names."
-        )
-    if tokenizer is not None and not callable(getattr(tokenizer, "to_dict", None)):
-        raise ValueError(
-            f"a tokenizer needs a to_dict() method (chapter 11), got {tokenizer!r}."
-        )
-    copies: dict[
-        tuple, Tensor
-    ] = {}  # one CPU copy per matrix, however many names share it
+    """The checkpoint of model: format, config, CPU state_dict, tokenizer, extra.
+
+    Shared matrices are copied once (chapter 9).
+    """
+    _check_checkpoint_parts(model, tokenizer, extra)
+    # one CPU copy per matrix, however many names share it
+    copies: dict[tuple, Tensor] = {}
     state = {}
     for name, tensor in model.state_dict().items():
         key = (
@@ -622,15 +671,36 @@ def checkpoint_dict(
     }
 
 
+def _check_checkpoint_parts(model: Any, tokenizer: Any, extra: dict) -> None:
+    """Stop a model that is no Transformer, a tokenizer without to_dict, taken keys."""
+    if not isinstance(model, Transformer):
+        raise ValueError(
+            f"checkpoint_dict takes a Transformer, got {type(model).__name__}; "
+            "for a model wrapped by DDP or torch.compile, pass model.module or "
+            "model._orig_mod."
+        )
+    taken = sorted(
+        {"format", "config", "state_dict", "tokenizer", "sha256"} & set(extra)
+    )
+    if taken:
+        raise ValueError(
+            f"checkpoint_dict writes {taken} itself; give extra entries other names."
+        )
+    if tokenizer is not None and not callable(getattr(tokenizer, "to_dict", None)):
+        raise ValueError(
+            f"a tokenizer needs a to_dict() method (chapter 11), got {tokenizer!r}."
+        )
+
+
 def content_hash(obj: Any) -> str:
-    """SHA-256 hex digest of a checkpoint's keys, plain values and tensor bytes (chapter 9)."""
+    """SHA-256 hex digest of a checkpoint's keys, values and tensors (chapter 9)."""
     digest = hashlib.sha256()
     _hash_into(digest, obj)
     return digest.hexdigest()
 
 
 def _hash_into(digest: Any, obj: Any) -> None:
-    """Feed obj to digest; every part is tagged and length-prefixed, so no two contents mix up."""
+    """Feed obj to digest; each part tagged and length-prefixed, so none mix up."""
 
     def part(tag: bytes, data: Any) -> None:
         digest.update(tag + len(data).to_bytes(8, "little"))
@@ -642,10 +712,8 @@ def _hash_into(digest: Any, obj: Any) -> None:
         part(b"B", data.numpy())
     elif isinstance(obj, Mapping):
         part(b"D", str(len(obj)).encode())
-        for (
-            key,
-            value,
-        ) in obj.items():  # in order: the order is kept by torch.save and torch.load
+        # in order: the order is kept by torch.save and torch.load
+        for key, value in obj.items():
             _hash_into(digest, key)
             _hash_into(digest, value)
     elif isinstance(obj, (list, tuple)):
@@ -657,7 +725,7 @@ def _hash_into(digest: Any, obj: Any) -> None:
 
 
 def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """Save checkpoint and its content_hash: path.partial, fsync, rename onto path (chapter 9)."""
+    """Save checkpoint and its content_hash: path.partial, fsync, rename (chapter 9)."""
     if (
         not isinstance(checkpoint, Mapping)
         or checkpoint.get("format") != CHECKPOINT_FORMAT
@@ -675,9 +743,7 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> 
             torch.save(content, f)
             f.flush()
             os.fsync(f.fileno())  # on the disk before the rename, not only in a cache
-        os.replace(
-            partial, path
-        )  # atomic: the old file or the new one, never half of one
+        os.replace(partial, path)  # atomic: the old file or the new one
     except BaseException as err:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
@@ -685,9 +751,8 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> 
         if isinstance(err, OSError) or zip_writer:  # a full disk, a missing permission
             raise OSError(_write_failure(path, err)) from err
         raise
-    with contextlib.suppress(
-        OSError
-    ):  # the rename durable too, where a folder can be opened
+    # the rename durable too, where a folder can be opened
+    with contextlib.suppress(OSError):
         folder = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(folder)
@@ -697,7 +762,7 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> 
 
 
 def _reason(err: BaseException) -> str:
-    """The first sentence of an error's message, without torch's '[enforce fail at ...]' prefix."""
+    """An error's first sentence, without torch's '[enforce fail at ...]' prefix."""
     text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
     text = re.sub(r"\[enforce fail at [^\]]*\][\s.]*", "", text).strip()
     text = text.splitlines()[0].split(". ")[0] if text else ""
@@ -705,9 +770,10 @@ def _reason(err: BaseException) -> str:
 
 
 def _write_failure(path: Path, err: BaseException) -> str:
-    """What write_checkpoint could not write, why, the free space, and what is left of the file."""
+    """What could not be written, why, the free space, what is left of the file."""
     try:
-        free = f"{shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB are free on that disk"
+        free_mib = shutil.disk_usage(path.parent).free / 2**20
+        free = f"{free_mib:,.0f} MiB are free on that disk"
     except OSError:
         free = "the free space on that disk is unknown"
     kept = (
@@ -716,13 +782,13 @@ def _write_failure(path: Path, err: BaseException) -> str:
         else "nothing was written there"
     )
     return (
-        f"could not write the checkpoint {path} ({_reason(err)}); {free}, and {kept}. "
-        f"Make room or choose another path, then save again."
+        f"could not write the checkpoint {path} ({_reason(err)}); {free}, "
+        f"and {kept}. Make room or choose another path, then save again."
     )
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a checkpoint with weights_only=True, check its format, verify its sha256 (chapter 9)."""
+    """Load a checkpoint safely, check its format, verify its sha256 (chapter 9)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -731,52 +797,77 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (
-        Exception
-    ) as err:  # a zip, pickle or storage error: these bytes are no whole checkpoint
-        refused = re.search(r"GLOBAL (\S+) was not an allowed global", str(err))
-        if isinstance(err, pickle.UnpicklingError) and refused:
-            raise ValueError(
-                f"{path} holds Python objects beyond tensors and plain values ({refused[1]}), "
-                f"which the safe loader torch.load(path, weights_only=True) refuses to run: "
-                f"this package did not write it, or a damaged byte changed a name in it. If you "
-                f"trust its source, read it with weights_only=False and save it again with "
-                f"write_checkpoint."
-            ) from err
-        raise ValueError(
-            f"cannot read a checkpoint from {path} ({_reason(err)}); the file is truncated or "
-            f"corrupt, e.g. by an interrupted copy. Save it again or restore a complete copy."
-        ) from err
+    except Exception as err:  # a zip, pickle or storage error: no whole checkpoint
+        raise _unreadable(path, err) from err
     if (
         not isinstance(checkpoint, dict)
         or checkpoint.get("format") != CHECKPOINT_FORMAT
     ):
         raise ValueError(
-            f"{path} was not written by Transformer.save (a dict with 'format', 'config' and "
-            f"'state_dict'); a bare state_dict loads with "
-            f"load_state_dict_checked(model, torch.load(path, weights_only=True))."
+            f"{path} was not written by Transformer.save (a dict with 'format', "
+            "'config' and 'state_dict'); a bare state_dict loads with "
+            "load_state_dict_checked(model, torch.load(path, weights_only=True))."
         )
     recorded = checkpoint.pop("sha256", None)  # files older than the hash have none
     if recorded is not None and recorded != content_hash(checkpoint):
         raise ValueError(
-            f"{path} was damaged after it was written: its content no longer matches the "
-            f"sha256 recorded when it was saved (a byte changed on the disk or in a copy). "
-            f"Restore a good copy of the file, or use an earlier checkpoint."
+            f"{path} was damaged after it was written: its content no longer matches "
+            "the sha256 recorded when it was saved (a byte changed on the disk or in "
+            "a copy). Restore a good copy of the file, or use an earlier checkpoint."
         )
     return checkpoint
+
+
+def _unreadable(path: Path, err: Exception) -> ValueError:
+    """The error for a file torch.load cannot read: foreign objects, or damage."""
+    refused = re.search(r"GLOBAL (\S+) was not an allowed global", str(err))
+    if isinstance(err, pickle.UnpicklingError) and refused:
+        return ValueError(
+            f"{path} holds Python objects beyond tensors and plain values "
+            f"({refused[1]}), which the safe loader torch.load(path, "
+            "weights_only=True) refuses to run: this package did not write it, or a "
+            "damaged byte changed a name in it. If you trust its source, read it "
+            "with weights_only=False and save it again with write_checkpoint."
+        )
+    return ValueError(
+        f"cannot read a checkpoint from {path} ({_reason(err)}); the file is "
+        "truncated or corrupt, e.g. by an interrupted copy. Save it again or "
+        "restore a complete copy."
+    )
 
 
 def load_state_dict_checked(
     module: nn.Module, state_dict: Mapping[str, Tensor]
 ) -> None:
-    """module.load_state_dict(state_dict), refusing any mismatch with one message naming the tensors (chapter 9)."""
+    """module.load_state_dict(state_dict), refusing a mismatch clearly (chapter 9).
+
+    One message names the tensors of another shape, missing or unexpected, and the
+    shared matrices that arrive as different ones.
+    """
     if not isinstance(state_dict, Mapping) or not all(
         isinstance(t, Tensor) for t in state_dict.values()
     ):
         raise ValueError(
-            "state_dict must map parameter names to tensors, as module.state_dict() does."
+            "state_dict must map parameter names to tensors, as module.state_dict() "
+            "does."
         )
     expected = module.state_dict(keep_vars=True)
+    problems = _mismatched_tensors(expected, state_dict)
+    if not problems:  # a matrix this module shares must arrive as one matrix
+        problems = _broken_sharing(expected, state_dict)
+    if problems:
+        raise ValueError(
+            "the state_dict does not fit this model: "
+            + " | ".join(problems)
+            + ". Build the model with the configuration it was saved from."
+        )
+    module.load_state_dict(state_dict)
+
+
+def _mismatched_tensors(
+    expected: Mapping[str, Tensor], state_dict: Mapping[str, Tensor]
+) -> list[str]:
+    """The tensors of another shape, the missing and the unexpected ones."""
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]
     reshaped = [
@@ -795,29 +886,28 @@ def load_state_dict_checked(
             problems.append(
                 f"{len(names)} tensor(s) {label}: {'; '.join(names[:3])}{more}"
             )
-    if not problems:  # a matrix this module shares must arrive as one matrix
-        shared: dict[int, list[str]] = {}
-        for name, tensor in expected.items():
-            shared.setdefault(id(tensor), []).append(name)
-        for names in shared.values():
-            if any(
-                not _same_bits(state_dict[n], state_dict[names[0]]) for n in names[1:]
-            ):
-                problems.append(
-                    f"{', '.join(names)} are one shared matrix here but differ in the "
-                    f"state_dict, which comes from a model without that sharing"
-                )
-    if problems:
-        raise ValueError(
-            "the state_dict does not fit this model: "
-            + " | ".join(problems)
-            + ". Build the model with the configuration it was saved from."
-        )
-    module.load_state_dict(state_dict)
+    return problems
+
+
+def _broken_sharing(
+    expected: Mapping[str, Tensor], state_dict: Mapping[str, Tensor]
+) -> list[str]:
+    """The names of each matrix shared here that the state_dict holds as several."""
+    shared: dict[int, list[str]] = {}
+    for name, tensor in expected.items():
+        shared.setdefault(id(tensor), []).append(name)
+    problems = []
+    for names in shared.values():
+        if any(not _same_bits(state_dict[n], state_dict[names[0]]) for n in names[1:]):
+            problems.append(
+                f"{', '.join(names)} are one shared matrix here but differ in the "
+                f"state_dict, which comes from a model without that sharing"
+            )
+    return problems
 
 
 def _same_bits(a: Tensor, b: Tensor) -> bool:
-    """Whether a and b hold the same values bit for bit; unlike torch.equal, NaN equals itself."""
+    """Whether a and b hold the same bits; unlike torch.equal, NaN equals itself."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     as_bytes = [
