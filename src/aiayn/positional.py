@@ -27,81 +27,50 @@ def sinusoidal_table(
     base: float = 10000.0,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """The table PE[pos, 2i] = sin(pos w_i), PE[pos, 2i+1] = cos(pos w_i) (chapter 4; paper 3.5).
+    """The table PE[pos, 2i] = sin(pos w_i), PE[pos, 2i+1] = cos(pos w_i) (chapter 4).
+
+    The paper's section 3.5.
 
     Args:
         max_len: number of positions, 0 .. max_len - 1.
-        d_model: width of each encoding; must be even (a sine and a cosine per frequency).
+        d_model: width of each encoding; must be even (a sine and a cosine per
+            frequency).
         base: the constant of w_i = base^(-2i / d_model); the paper's is 10000.
         dtype: dtype of the returned table; it is computed in float64 either way.
 
     Returns:
         The table [max_len, d_model], on the CPU.
     """
+    _check_table(max_len, d_model, base)
+    # float64 throughout: a float32 angle pos * w_i near pos = 5000 is only known to
+    # about 5e-4 radians. Rounding the finished table once keeps every entry exact.
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i: [d_model/2]
+    omega = torch.exp(-math.log(base) * two_i / d_model)  # base^(-2i/d): [d_model/2]
+    pos = torch.arange(max_len, dtype=torch.float64)  # [max_len]
+    angles = pos[:, None] * omega  # pos * w_i: [max_len, d_model/2]
+    table = torch.stack((angles.sin(), angles.cos()), dim=-1)  # [max_len, d/2, 2]
+    return table.flatten(-2).to(dtype)  # sin at 2i, cos at 2i+1: [max_len, d_model]
+
+
+def _check_table(max_len: int, d_model: int, base: float) -> None:
+    """Stop a table that cannot be built, with a message that says why (chapter 4)."""
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1, got {max_len}.")
     if d_model < 2 or d_model % 2 != 0:
         raise ValueError(
-            f"d_model must be a positive even number, got {d_model}: each frequency fills "
-            f"a pair of dimensions, a sine at 2i and a cosine at 2i+1. Use an even d_model "
-            f"(the paper's is 512)."
+            f"d_model must be a positive even number, got {d_model}: each frequency "
+            f"fills a pair of dimensions, a sine at 2i and a cosine at 2i+1. Use an "
+            f"even d_model (the paper's is 512)."
         )
     if base <= 1:
         raise ValueError(
             f"base must be greater than 1 (the paper uses 10000), got {base}."
         )
-    # float64 throughout: a float32 angle pos * w_i near pos = 5000 is only known to
-    # about 5e-4 radians. Rounding the finished table once keeps every entry exact.
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i: [d_model/2]
-    omega = torch.exp(
-        -math.log(base) * two_i / d_model
-    )  # w_i = base^(-2i/d): [d_model/2]
-    pos = torch.arange(max_len, dtype=torch.float64)  # [max_len]
-    angles = pos[:, None] * omega  # pos * w_i: [max_len, d_model/2]
-    table = torch.stack((angles.sin(), angles.cos()), dim=-1)  # [max_len, d_model/2, 2]
-    return table.flatten(-2).to(dtype)  # sin at 2i, cos at 2i+1: [max_len, d_model]
 
 
 # Chapter 4, "The modules"
-def _check_positional_input(x: Tensor, d_model: int, max_len: int, offset: int) -> None:
-    """Check the embeddings given to a positional encoding (chapter 4)."""
-    if x.dim() != 3:
-        raise ValueError(
-            f"x must be embeddings of shape [batch, seq_len, d_model], got shape "
-            f"{tuple(x.shape)}; for a single sequence use x.unsqueeze(0)."
-        )
-    if x.size(-1) != d_model:
-        raise ValueError(
-            f"x has width {x.size(-1)} (its last dimension), but this positional encoding "
-            f"was built for d_model={d_model}; build it with d_model={x.size(-1)}."
-        )
-    if offset < 0:
-        raise ValueError(
-            f"offset is the position of x[:, 0] and must be >= 0, got {offset}."
-        )
-    end = offset + x.size(1)
-    if end > max_len:
-        raise ValueError(
-            f"the sequence needs positions {offset}..{end - 1} (length {x.size(1)}, offset "
-            f"{offset}), but the table holds max_len={max_len} positions (0..{max_len - 1}); "
-            f"build the module with max_len={end} or more, or shorten the sequence."
-        )
-
-
-def _check_sizes(d_model: int, max_len: int, dropout: float) -> None:
-    """Check the constructor arguments of a positional encoding (chapter 4)."""
-    if d_model < 1 or max_len < 1:
-        raise ValueError(
-            f"d_model and max_len must be at least 1, got {d_model} and {max_len}."
-        )
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(
-            f"dropout must be in [0, 1), got {dropout}; use 0.0 to turn it off."
-        )
-
-
 class SinusoidalPositionalEncoding(nn.Module):
-    """Adds the sinusoidal encoding to embeddings, then dropout (chapter 4; paper, sec. 3.5).
+    """Adds the sinusoidal encoding to embeddings, then dropout (chapter 4; paper, 3.5).
 
     Args:
         d_model: width of the embeddings; must be even.
@@ -121,7 +90,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """x + PE[offset : offset + seq_len], then dropout, for x [batch, seq_len, d_model]."""
+        """x + PE[offset : offset + seq_len], then dropout; x is [batch, seq_len, d]."""
         _check_positional_input(x, self.d_model, self.max_len, offset)
         pe = self.pe[offset : offset + x.size(1)]  # [seq_len, d_model]
         # Cast first: float32 + float16 would promote the sum to float32.
@@ -135,7 +104,8 @@ class LearnedPositionalEmbedding(nn.Module):
     """Adds a trained vector per position, then dropout (chapter 4; paper, Table 3 (E)).
 
     Args:
-        max_len: number of positions with a trained vector; longer sequences are an error.
+        max_len: number of positions with a trained vector; longer sequences are an
+            error.
         d_model: width of the embeddings.
         dropout: dropout probability on the sum.
     """
@@ -144,16 +114,51 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         _check_sizes(d_model, max_len, dropout)
         self.d_model, self.max_len = d_model, max_len
-        self.embedding = nn.Embedding(
-            max_len, d_model
-        )  # row pos is PE(pos), N(0, 1) at init
+        self.embedding = nn.Embedding(max_len, d_model)  # row pos: PE(pos), N(0, 1)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """x + E[offset : offset + seq_len], then dropout, for x [batch, seq_len, d_model]."""
+        """x + E[offset : offset + seq_len], then dropout; x is [batch, seq_len, d]."""
         _check_positional_input(x, self.d_model, self.max_len, offset)
-        positions = torch.arange(
-            offset, offset + x.size(1), device=x.device
-        )  # [seq_len]
+        positions = torch.arange(offset, offset + x.size(1), device=x.device)  # [seq]
         pe = self.embedding(positions)  # [seq_len, d_model]
         return self.dropout(x + pe.to(x.dtype))  # [batch, seq_len, d_model]
+
+
+def _check_positional_input(x: Tensor, d_model: int, max_len: int, offset: int) -> None:
+    """Check the embeddings given to a positional encoding (chapter 4)."""
+    if x.dim() != 3:
+        raise ValueError(
+            f"x must be embeddings of shape [batch, seq_len, d_model], got shape "
+            f"{tuple(x.shape)}; for a single sequence use x.unsqueeze(0)."
+        )
+    if x.size(-1) != d_model:
+        raise ValueError(
+            f"x has width {x.size(-1)} (its last dimension), but this positional "
+            f"encoding was built for d_model={d_model}; build it with "
+            f"d_model={x.size(-1)}."
+        )
+    if offset < 0:
+        raise ValueError(
+            f"offset is the position of x[:, 0] and must be >= 0, got {offset}."
+        )
+    end = offset + x.size(1)
+    if end > max_len:
+        raise ValueError(
+            f"the sequence needs positions {offset}..{end - 1} (length {x.size(1)}, "
+            f"offset {offset}), but the table holds max_len={max_len} positions "
+            f"(0..{max_len - 1}); build the module with max_len={end} or more, or "
+            f"shorten the sequence."
+        )
+
+
+def _check_sizes(d_model: int, max_len: int, dropout: float) -> None:
+    """Check the constructor arguments of a positional encoding (chapter 4)."""
+    if d_model < 1 or max_len < 1:
+        raise ValueError(
+            f"d_model and max_len must be at least 1, got {d_model} and {max_len}."
+        )
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(
+            f"dropout must be in [0, 1), got {dropout}; use 0.0 to turn it off."
+        )
