@@ -64,9 +64,22 @@ def test_wheel_holds_every_exported_module_and_imports(tmp_path: Path) -> None:
         assert result.returncode == 0 and expected in result.stdout, result.stderr
 
 
-def test_readme_example_runs() -> None:
+def test_readme_examples_run(tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    (example,) = re.findall(r"```python\n(.*?)```", readme, re.S)
-    result = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True, cwd=ROOT)
+    build, translate = re.findall(r"```python\n(.*?)```", readme, re.S)
+    result = subprocess.run([sys.executable, "-c", build], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "63,082,496"
+    # The translation example reads the checkpoint that the README's training command
+    # writes: train the copy task briefly in a fresh folder, then run the example there.
+    train = [sys.executable, "-m", "aiayn", "train", "--task", "copy", "--steps", "40",
+             "--checkpoint-every", "10", "--eval-every", "20", "--train-size", "2000",
+             "--valid-size", "100", "--no-progress"]
+    result = subprocess.run(train, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "checkpoints/copy/averaged.pt").exists(), result.stdout
+    result = subprocess.run([sys.executable, "-c", translate], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    assert line.startswith("['") and line.endswith("']"), line
