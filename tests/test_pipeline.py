@@ -437,3 +437,11 @@ def test_api_page_documents_every_module() -> None:
     for chapter in EXPORTING:
         module = export.read_chapter(chapter).module
         assert f".. automodule:: {module}\n" in api, f"add {module} to book/api.md"
+
+
+def test_the_architecture_diagram_is_up_to_date() -> None:
+    result = run_script(ROOT, "draw_architecture.py", "--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    svg = (ROOT / "book/images/transformer.svg").read_text(encoding="utf-8")
+    for module in ("aiayn.attention", "aiayn.multi_head", "aiayn.encoder", "aiayn.decoder", "aiayn.model"):
+        assert module in svg
