@@ -9,7 +9,11 @@ Debian's Chromium (driven by Playwright) and fails unless:
 - every formula of every page has been typeset by MathJax (an `mjx-container` inside it);
 - on the pages that have altair charts, every chart has drawn (an SVG or canvas inside it);
 - every chapter page has a Colab launch link to its own notebook in the repository;
-- chapter 1 has both math and at least one chart.
+- chapter 1 has both math and at least one chart;
+- on a 1400-pixel-wide page, no code block, output or chart scrolls sideways (its
+  scrollWidth is at most its clientWidth), and every figure has a caption;
+- on a 400-pixel-wide phone screen, the pages with the most math (PHONE_PAGES) do not
+  scroll sideways as a whole.
 
     python scripts/check_html.py [--html _build/html] [--chromium /usr/bin/chromium] [--screenshots DIR]
 """
@@ -32,6 +36,9 @@ from playwright.sync_api import sync_playwright
 ROOT = Path(__file__).resolve().parent.parent
 COLAB = "https://colab.research.google.com"
 REQUIRED = {"book/01_attention": {"math", "chart"}}  # what these pages must show
+PHONE_PAGES = ["book/errata", "book/04_positional_encoding"]
+WIDE = {"width": 1400, "height": 1600}
+PHONE = {"width": 400, "height": 800}
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -89,8 +96,23 @@ CHECK_PAGE = """async () => {
     chartErrors: charts.map((c) => c.querySelector('.error')).filter((e) => e).map((e) => e.innerText),
     colab: [...new Set([...document.querySelectorAll('a[href^="https://colab.research.google.com/"]')]
       .map((a) => a.href))],
+    sideways: [...document.querySelectorAll(
+      'div.cell_input pre, div.cell_output pre, div.highlight pre, div.cell_output .vega-embed')]
+      .filter((e) => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+      .map((e) => (e.innerText || '').split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '')
+        .slice(0, 70)),
+    uncaptioned: [...document.querySelectorAll('div.cell_output img')]
+      .filter((img) => img.closest('figure') === null || img.closest('figure').querySelector('figcaption') === null)
+      .length,
+    altairUncaptioned: charts.filter((c) => {
+      const cell = c.closest('div.cell');
+      const next = cell && cell.nextElementSibling;
+      return !(next && /^Figure\\./.test((next.innerText || '').trim()));
+    }).length,
   };
 }"""
+
+PAGE_WIDTH = "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
 
 
 def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
@@ -100,7 +122,7 @@ def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
     local_host = urlsplit(base).netloc
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 1600})
+        context = browser.new_context(viewport=WIDE)
         outside: list[str] = []
 
         def route(r) -> None:  # let local requests through, record and refuse every other
@@ -141,6 +163,11 @@ def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
                     failures.append(f"{name}: Colab launch link {result['colab']}, expected [{colab}]")
                 elif not (ROOT / f"{name}.ipynb").exists():
                     failures.append(f"{name}: the Colab link points to {name}.ipynb, which does not exist")
+            failures += [f"{name}: scrolls sideways at 1400 px: {line!r}" for line in result["sideways"]]
+            if result["uncaptioned"]:
+                failures.append(f"{name}: {result['uncaptioned']} figures without a caption")
+            if result["altairUncaptioned"]:
+                failures.append(f"{name}: {result['altairUncaptioned']} charts not followed by a 'Figure.' caption")
             failures += [f"{name}: JavaScript error: {e}" for e in errors]
             print(
                 f"{name}: {result['typeset']} formulas typeset, "
@@ -149,6 +176,16 @@ def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
             if screenshots is not None:
                 screenshots.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(screenshots / f"{Path(name).name}.png"), full_page=False)
+            page.close()
+        phone = browser.new_context(viewport=PHONE)
+        phone.route("**/*", route)
+        for name in PHONE_PAGES:
+            page = phone.new_page()
+            page.goto(f"{base}/{name}.html", wait_until="load")
+            page.evaluate(CHECK_PAGE)  # waits for MathJax
+            overflow = page.evaluate(PAGE_WIDTH)
+            if overflow > 1:
+                failures.append(f"{name}: scrolls sideways by {overflow} px on a {PHONE['width']} px phone")
             page.close()
         browser.close()
     server.shutdown()
