@@ -28,29 +28,43 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
         device: where to create the mask.
 
     Returns:
-        A boolean lower-triangular [size, size] tensor, True where attending is allowed.
+        A boolean lower-triangular [size, size] tensor, True where attending is
+        allowed.
     """
-    if isinstance(size, bool) or not isinstance(size, (int, torch.SymInt)) or size < 1:
-        raise ValueError(
-            f"causal_mask needs the sequence length as an int of at least 1, got "
-            f"{size!r}; for token ids [batch, seq_len] pass tokens.size(-1)."
-        )
+    _check_size(size)
     return torch.ones(
         size, size, dtype=torch.bool, device=device
     ).tril()  # [size, size]
 
 
+def _check_size(size: int) -> None:
+    """A mask's length must be an int of at least 1 (chapter 2)."""
+    if isinstance(size, bool) or not isinstance(size, (int, torch.SymInt)) or size < 1:
+        raise ValueError(
+            f"causal_mask needs the sequence length as an int of at least 1, got "
+            f"{size!r}; for token ids [batch, seq_len] pass tokens.size(-1)."
+        )
+
+
 # Chapter 2, "The padding mask"
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
-    """Padding mask: True where the key is a real token, [batch, 1, 1, k_len] (chapter 2).
+    """Keys that are real tokens, as a mask [batch, 1, 1, k_len] (chapter 2).
 
     Args:
         tokens: integer token ids [batch, seq_len].
         pad_id: the id of the padding token.
 
     Returns:
-        A boolean [batch, 1, 1, seq_len] tensor that broadcasts over heads and queries.
+        A boolean [batch, 1, 1, seq_len] tensor that broadcasts over heads and
+        queries.
     """
+    _check_tokens(tokens, pad_id)
+    # Singleton head and query axes: the same keys are hidden from every head and query.
+    return (tokens != pad_id)[:, None, None, :]  # [batch, 1, 1, k_len]
+
+
+def _check_tokens(tokens: Tensor, pad_id: int) -> None:
+    """Token ids must be integers [batch, seq_len], pad_id an int (chapter 2)."""
     if not isinstance(tokens, Tensor) or tokens.dim() != 2:
         shape = (
             tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
@@ -70,46 +84,50 @@ def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
         )
     if isinstance(pad_id, bool) or not isinstance(pad_id, int):
         raise ValueError(f"pad_id must be an int token id, got {pad_id!r}.")
-    # Singleton head and query axes: the same keys are hidden from every head and query.
-    return (tokens != pad_id)[:, None, None, :]  # [batch, 1, 1, k_len]
 
 
 # Chapter 2, "Padding and causal together"
 def combine_masks(*masks: Tensor | None) -> Tensor | None:
-    """AND of boolean masks, broadcast: allowed only where every mask allows (chapter 2).
+    """AND of boolean masks, broadcast: allowed where every mask allows (chapter 2).
 
     Args:
-        masks: boolean masks (True = may attend) whose shapes broadcast; None is skipped.
+        masks: boolean masks (True = may attend) whose shapes broadcast; None is
+            skipped.
 
     Returns:
         Their AND, of the broadcast shape, or None when no mask is given.
     """
     present = [m for m in masks if m is not None]
-    for m in present:
-        if not isinstance(m, Tensor) or m.dtype != torch.bool:
-            got = m.dtype if isinstance(m, Tensor) else type(m).__name__
-            raise ValueError(
-                f"masks must be torch.bool tensors (True = may attend), got {got}; "
-                f"if a mask holds 1 = attend and 0 = blocked, pass mask.bool()."
-            )
     if not present:
         return None
-    try:
-        torch.broadcast_shapes(*(m.shape for m in present))
-    except RuntimeError:
-        shapes = ", ".join(str(tuple(m.shape)) for m in present)
-        raise ValueError(
-            f"masks of shapes {shapes} do not broadcast; give shared axes size 1, "
-            f"e.g. [batch, 1, 1, k_len] for padding and [q_len, k_len] for causal."
-        ) from None
+    _check_masks(present)
     combined = present[0]
     for m in present[1:]:
         combined = combined & m  # e.g. [batch, 1, 1, k] & [q, k] -> [batch, 1, q, k]
     return combined
 
 
+def _check_masks(masks: list[Tensor]) -> None:
+    """Masks to combine must be boolean tensors whose shapes broadcast (chapter 2)."""
+    for m in masks:
+        if not isinstance(m, Tensor) or m.dtype != torch.bool:
+            got = m.dtype if isinstance(m, Tensor) else type(m).__name__
+            raise ValueError(
+                f"masks must be torch.bool tensors (True = may attend), got {got}; "
+                f"if a mask holds 1 = attend and 0 = blocked, pass mask.bool()."
+            )
+    try:
+        torch.broadcast_shapes(*(m.shape for m in masks))
+    except RuntimeError:
+        shapes = ", ".join(str(tuple(m.shape)) for m in masks)
+        raise ValueError(
+            f"masks of shapes {shapes} do not broadcast; give shared axes size 1, "
+            f"e.g. [batch, 1, 1, k_len] for padding and [q_len, k_len] for causal."
+        ) from None
+
+
 def target_mask(tokens: Tensor, pad_id: int) -> Tensor:
-    """Decoder self-attention mask, padding AND causal, [batch, 1, seq, seq] (chapter 2).
+    """Decoder self-attention mask, padding AND causal: [batch, 1, seq, seq] (ch. 2).
 
     Args:
         tokens: integer token ids of the target [batch, seq_len].
