@@ -46,7 +46,7 @@ __all__ = [
 # Chapter 15, "One step of the model"
 @dataclass
 class DecodeResult:
-    """Decoded sequences and their scores, from greedy_search, sample or beam_search (chapter 15).
+    """Decoded sequences and their scores, from any decoder of chapter 15.
 
     Attributes:
         tokens: long [batch, length], or [batch, n_best, length] when beam_search
@@ -74,8 +74,27 @@ MAX_LEN_MARGIN = 50  # the paper: at most input length + 50 output tokens
 
 
 def default_max_len(src: Tensor, pad_id: int = 0) -> Tensor:
-    """The paper's output limit, input length + 50, per source row of src [batch, src_len] (chapter 15)."""
+    """The paper's output limit, input length + 50, per row of src (chapter 15).
+
+    src: [batch, src_len]; returns long [batch].
+    """
     return (src != pad_id).sum(dim=1) + MAX_LEN_MARGIN  # [batch]
+
+
+def _limits(
+    model: Transformer, src: Tensor, max_len: int | None, min_len: int
+) -> Tensor:
+    """Each sentence's output limit, long [batch], once src and the options pass."""
+    _check_src(src, model.config.pad_id)
+    real = (src != model.config.pad_id).sum(dim=1)  # the source lengths: [batch]
+    table = model.config.max_len  # decoder positions: <s> and max_len - 1 more
+    if max_len is None:
+        limits = (real + MAX_LEN_MARGIN).clamp(max=table)  # [batch]
+    else:
+        _check_max_len(max_len, table)
+        limits = torch.full_like(real, max_len)  # [batch]
+    _check_min_len(min_len, limits)
+    return limits
 
 
 def _check_int(name: str, value: object, low: int, hint: str) -> None:
@@ -86,10 +105,8 @@ def _check_int(name: str, value: object, low: int, hint: str) -> None:
         )
 
 
-def _limits(
-    model: Transformer, src: Tensor, max_len: int | None, min_len: int
-) -> Tensor:
-    """Check src and the length options; return each sentence's output limit, long [batch] (chapter 15)."""
+def _check_src(src: object, pad_id: int) -> None:
+    """A ValueError unless src is integer ids [batch, src_len], each row non-empty."""
     if (
         not isinstance(src, Tensor)
         or src.dim() != 2
@@ -103,68 +120,83 @@ def _limits(
             else type(src).__name__
         )
         raise ValueError(
-            f"src must be the source token ids, an integer tensor [batch, src_len], got {got}; "
-            f"for one sentence use src.unsqueeze(0)."
+            "src must be the source token ids, an integer tensor [batch, src_len], "
+            f"got {got}; for one sentence use src.unsqueeze(0)."
         )
     if src.numel() == 0:
         raise ValueError(
-            f"src is empty (shape {tuple(src.shape)}), so there is nothing to decode; pass at "
-            f"least one sentence of at least one token."
+            f"src is empty (shape {tuple(src.shape)}), so there is nothing to "
+            "decode; pass at least one sentence of at least one token."
         )
-    real = (src != model.config.pad_id).sum(dim=1)  # the source lengths: [batch]
+    real = (src != pad_id).sum(dim=1)  # [batch]
     if bool((real == 0).any()):
         rows = (real == 0).nonzero().flatten().tolist()
         raise ValueError(
-            f"source rows {rows} hold only padding (pad_id={model.config.pad_id}); every sentence "
-            f"needs at least one real token. Leave empty sentences out of the batch."
+            f"source rows {rows} hold only padding (pad_id={pad_id}); every "
+            "sentence needs at least one real token. Leave empty sentences out of "
+            "the batch."
         )
-    table = (
-        model.config.max_len
-    )  # decoder positions: the start token and max_len - 1 more
-    if max_len is None:
-        limits = (real + MAX_LEN_MARGIN).clamp(max=table)  # [batch]
-    else:
-        _check_int(
-            "max_len", max_len, 1, "it is the most tokens to generate per sentence."
+
+
+def _check_max_len(max_len: object, table: int) -> None:
+    """A ValueError unless 1 <= max_len <= the positional table's size."""
+    _check_int("max_len", max_len, 1, "it is the most tokens to generate per sentence.")
+    if max_len > table:
+        raise ValueError(
+            f"max_len={max_len} needs {max_len} decoder positions, but the model's "
+            f"positional table holds {table} (its config's max_len); ask for at "
+            f"most {table} tokens."
         )
-        if max_len > table:
-            raise ValueError(
-                f"max_len={max_len} needs {max_len} decoder positions, but the model's positional "
-                f"table holds {table} (its config's max_len); ask for at most {table} tokens."
-            )
-        limits = torch.full_like(real, max_len)  # [batch]
-    _check_int(
-        "min_len", min_len, 0, "it is the fewest tokens before the end token may come."
-    )
+
+
+def _check_min_len(min_len: object, limits: Tensor) -> None:
+    """A ValueError unless 0 <= min_len <= every sentence's maximum length."""
+    hint = "it is the fewest tokens before the end token may come."
+    _check_int("min_len", min_len, 0, hint)
     if min_len > int(limits.min()):
         raise ValueError(
-            f"min_len={min_len} is more than the maximum length {int(limits.min())} of some "
-            f"sentence; lower min_len or raise max_len."
+            f"min_len={min_len} is more than the maximum length {int(limits.min())} "
+            "of some sentence; lower min_len or raise max_len."
         )
-    return limits
 
 
 def _allowed(logits: Tensor, model: Transformer, length: int, min_len: int) -> Tensor:
-    """Logits [n, V] with -inf for the tokens that may not come after `length` tokens (chapter 15).
+    """Logits [n, V], -inf for the tokens barred after `length` tokens (chapter 15).
 
     Padding and the start token are never generated; the end token not before min_len.
     """
     c = model.config
     banned = [c.pad_id, c.bos_id] + ([c.eos_id] if length < min_len else [])
     logits = logits.clone()  # [n, V]
-    for (
-        token
-    ) in banned:  # a fill per column: no index tensor to copy to the device every step
+    for token in banned:  # a fill per column: no index tensor to copy to the device
         logits[..., token] = float("-inf")
     return logits
 
 
 # Chapter 15, "Greedy search"
+def _start(
+    model: Transformer, src: Tensor, use_cache: bool
+) -> tuple[Tensor, Tensor, Any]:
+    """The memory, the source mask and an empty cache (or None) for src (chapter 15)."""
+    memory = model.encode(src)  # once per sentence: [batch, src_len, d_model]
+    src_mask = padding_mask(src, model.config.pad_id)  # [batch, 1, 1, src_len]
+    return memory, src_mask, model.new_cache() if use_cache else None
+
+
+def _step_logits(
+    model: Transformer, tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Any
+) -> Tensor:
+    """Float logits [rows, V] of the token after each prefix tokens [rows, t]."""
+    # With a cache only the newest token goes in; without, the whole prefix.
+    inputs = tokens[:, -1:] if cache is not None else tokens  # [rows, 1 or t]
+    return model.decode(inputs, memory, src_mask, cache=cache)[:, -1].float()
+
+
 STOP_CHECK_EVERY = 8  # off the CPU, the loops look at their stop flags every 8 steps
 
 
 def _stop_check_every(device: torch.device) -> int:
-    """Steps between two reads of a decoding loop's stop flags on `device` (chapter 15)."""
+    """Steps between two reads of a decoding loop's stop flags on `device`."""
     return 1 if device.type == "cpu" else STOP_CHECK_EVERY
 
 
@@ -176,35 +208,23 @@ def _generate(
     min_len: int,
     use_cache: bool,
 ) -> DecodeResult:
-    """Write one token per step, chosen by pick(logits [batch, V]) -> ids [batch] (chapter 15)."""
+    """Write one token per step, chosen by pick(logits [batch, V]) -> ids [batch]."""
     limits = _limits(model, src, max_len, min_len)  # [batch]
-    c, batch = model.config, src.size(0)
+    c, batch, device = model.config, src.size(0), src.device
     with eval_mode(model), torch.no_grad():  # no dropout while decoding
-        memory = model.encode(src)  # once per sentence: [batch, src_len, d_model]
-        src_mask = padding_mask(src, c.pad_id)  # [batch, 1, 1, src_len]
-        cache = model.new_cache() if use_cache else None
+        memory, src_mask, cache = _start(model, src, use_cache)
         tokens = src.new_full((batch, 1), c.bos_id)  # the start token: [batch, 1]
         lengths = torch.zeros_like(limits)  # [batch]
-        log_probs = torch.zeros(batch, device=src.device)  # [batch]
-        finished = torch.zeros(
-            batch, dtype=torch.bool, device=src.device
-        )  # ended with eos
+        log_probs = torch.zeros(batch, device=device)  # [batch]
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)  # ended: eos
         done = finished.clone()  # ended, or reached its limit
-        every = _stop_check_every(src.device)
+        every = _stop_check_every(device)
         for step in range(int(limits.max())):
-            # With a cache only the newest token goes in; without, the whole prefix.
-            inputs = (
-                tokens[:, -1:] if use_cache else tokens
-            )  # [batch, 1] or [batch, step + 1]
-            logits = model.decode(inputs, memory, src_mask, cache=cache)[
-                :, -1
-            ].float()  # [batch, V]
+            logits = _step_logits(model, tokens, memory, src_mask, cache)  # [batch, V]
             next_token = pick(_allowed(logits, model, step, min_len))  # [batch]
-            next_token = next_token.masked_fill(done, c.pad_id)  # padding after the end
-            log_p = logits.log_softmax(-1).gather(-1, next_token[:, None])[
-                :, 0
-            ]  # [batch]
-            log_probs += log_p.masked_fill(done, 0.0)
+            next_token = next_token.masked_fill(done, c.pad_id)  # pad after the end
+            log_p = logits.log_softmax(-1).gather(-1, next_token[:, None])[:, 0]
+            log_probs += log_p.masked_fill(done, 0.0)  # [batch]
             lengths += (~done).long()
             tokens = torch.cat(
                 [tokens, next_token[:, None]], dim=1
@@ -247,9 +267,16 @@ def greedy_search(
 
 
 # Chapter 15, "The length penalty"
-MAX_ALPHA = (
-    10.0  # far beyond any useful penalty, and ((5 + |Y|) / 6) ** alpha stays finite
-)
+MAX_ALPHA = 10.0  # far beyond any useful penalty; ((5 + |Y|) / 6) ** alpha is finite
+
+
+def length_penalty(length: int | float | Tensor, alpha: float = 0.6) -> float | Tensor:
+    """GNMT's length penalty ((5 + length) / 6) ** alpha (chapter 15; Wu et al. 2016).
+
+    Beam search ranks a hypothesis by log P(Y | X) divided by it.
+    """
+    _check_alpha(alpha)
+    return ((5 + length) / 6) ** alpha
 
 
 def _check_alpha(alpha: float) -> None:
@@ -260,22 +287,28 @@ def _check_alpha(alpha: float) -> None:
         or not 0 <= alpha <= MAX_ALPHA
     ):
         raise ValueError(
-            f"alpha must be a finite number from 0 to {MAX_ALPHA:g} (the paper: 0.6; 0: no "
-            f"penalty), got {alpha!r}."
+            f"alpha must be a finite number from 0 to {MAX_ALPHA:g} (the paper: 0.6; "
+            f"0: no penalty), got {alpha!r}."
         )
 
 
-def length_penalty(length: int | float | Tensor, alpha: float = 0.6) -> float | Tensor:
-    """The GNMT length penalty ((5 + length) / 6) ** alpha, by which beam search divides log P(Y | X) (chapter 15; Wu et al. 2016)."""
-    _check_alpha(alpha)
-    return ((5 + length) / 6) ** alpha
-
-
 # Chapter 15, "All sentences, all beams, one batch"
+def _no_hypotheses(src: Tensor, k: int, T: int, pad_id: int) -> tuple:
+    """Empty finished sets: k places of T tokens for each sentence of src."""
+    B, device = src.size(0), src.device
+    return (
+        src.new_full((B, k, T), pad_id),  # tokens: [B, k, T]
+        torch.full((B, k), float("-inf"), device=device),  # log_probs: [B, k]
+        torch.full((B, k), float("-inf"), device=device),  # scores; -inf: empty
+        torch.zeros(B, k, dtype=torch.long, device=device),  # lengths: [B, k]
+        torch.zeros(B, k, dtype=torch.bool, device=device),  # ended with eos
+    )
+
+
 def _keep_best(
     kept: tuple[Tensor, ...], new: tuple[Tensor, ...], k: int, where: Tensor
 ) -> tuple[Tensor, ...]:
-    """The k best by score of two sets of hypotheses, in the sentences `where` (chapter 15).
+    """The k best by score of two sets of hypotheses, in the sentences `where`.
 
     Each set is (tokens [B, n, T], log_probs [B, n], scores [B, n], lengths [B, n],
     finished [B, n]), best first; an empty place has score -inf. The sentences
@@ -283,14 +316,128 @@ def _keep_best(
     """
     merged = [torch.cat([a, b], dim=1) for a, b in zip(kept, new)]  # [B, n + n', ...]
     best = merged[2].topk(k, dim=1).indices  # [B, k]
-    tokens = merged[0].gather(
-        1, best[..., None].expand(-1, -1, merged[0].size(-1))
-    )  # [B, k, T]
+    T = merged[0].size(-1)
+    tokens = merged[0].gather(1, best[..., None].expand(-1, -1, T))  # [B, k, T]
     chosen = (tokens, *(t.gather(1, best) for t in merged[1:]))
     return tuple(
         torch.where(where.view(-1, *[1] * (a.dim() - 1)), a, b)  # [B, k, ...]
         for a, b in zip(chosen, kept)
     )
+
+
+def _candidates(alive_log_probs: Tensor, log_p: Tensor, k: int) -> tuple:
+    """The best 2k extensions of each sentence's live hypotheses, best first.
+
+    alive_log_probs: [B, n_live]; log_p: next-token log-probs [B * n_live, V].
+    Returns their log P, the hypothesis each extends and the token added, [B, 2k].
+    """
+    B, n_live = alive_log_probs.shape
+    V = log_p.size(-1)
+    extended = alive_log_probs[..., None] + log_p.view(B, n_live, V)  # [B, n_live, V]
+    n_cand = min(2 * k, n_live * V)
+    top, index = extended.view(B, n_live * V).topk(n_cand, dim=-1)  # [B, n_cand]
+    return top, index // V, index % V
+
+
+def _finish_ended(
+    finished: tuple,
+    alive: Tensor,
+    candidates: tuple,
+    t: int,
+    lp: float,
+    done: Tensor,
+    config: Any,
+) -> tuple:
+    """Step 1: the extensions with the end token among the k best are finished."""
+    top, origin, token = candidates  # [B, n_cand]
+    B, k, T = finished[0].shape
+    in_top_k = torch.arange(top.size(1), device=top.device) < k  # [n_cand]
+    ends = (token == config.eos_id) & in_top_k & ~done[:, None]  # [B, n_cand]
+    rows = torch.arange(B, device=top.device)[:, None]  # [B, 1]
+    prefix = alive.view(B, -1, t)[rows, origin, 1:]  # without <s>: [B, n_cand, t - 1]
+    ended = torch.cat([prefix, token[..., None]], dim=-1)  # [B, n_cand, t]
+    ended = F.pad(ended, (0, T - t), value=config.pad_id)  # [B, n_cand, T]
+    scores = (top / lp).masked_fill(~ends, float("-inf"))  # only those that end
+    new = (ended, top, scores, torch.full_like(token, t), torch.ones_like(ends))
+    return _keep_best(finished, new, k, ~done)  # done sentences stay as they are
+
+
+def _next_beam(alive: Tensor, candidates: tuple, k: int, eos_id: int) -> tuple:
+    """Step 2: the k best extensions without the end token are the new beam.
+
+    Returns the new hypotheses [B * k, t + 1], their log P [B, k] and the old row
+    of each [B * k], which the cache must follow.
+    """
+    top, origin, token = candidates  # [B, n_cand]
+    B, n_live = top.size(0), alive.size(0) // top.size(0)
+    goes_on = top.masked_fill(token == eos_id, float("-inf"))  # [B, n_cand]
+    alive_log_probs, pick = goes_on.topk(k, dim=-1)  # [B, k]
+    origin, token = origin.gather(1, pick), token.gather(1, pick)  # [B, k]
+    rows = torch.arange(B, device=top.device)[:, None]  # [B, 1]
+    index = (rows * n_live + origin).flatten()  # the old row of each new one: [B * k]
+    alive = torch.cat([alive[index], token.reshape(-1, 1)], dim=1)  # [B * k, t + 1]
+    return alive, alive_log_probs, index
+
+
+def _finish_at_limit(
+    finished: tuple,
+    alive: Tensor,
+    alive_log_probs: Tensor,
+    t: int,
+    lp: float,
+    at_limit: Tensor,
+    pad_id: int,
+) -> tuple:
+    """Step 3: in the sentences at_limit [B], the live hypotheses count as finished."""
+    B, k, T = finished[0].shape
+    cut = F.pad(alive[:, 1:].view(B, k, t), (0, T - t), value=pad_id)  # [B, k, T]
+    lengths = torch.full_like(alive_log_probs, t, dtype=torch.long)  # [B, k]
+    unfinished = torch.zeros_like(lengths, dtype=torch.bool)  # [B, k]
+    live = (cut, alive_log_probs, alive_log_probs / lp, lengths, unfinished)
+    return _keep_best(finished, live, k, at_limit)
+
+
+def _beam_search_loop(
+    model: Transformer,
+    src: Tensor,
+    limits: Tensor,
+    k: int,
+    alpha: float,
+    min_len: int,
+    use_cache: bool,
+) -> tuple:
+    """The finished sets (tokens [B, k, T], log_probs, scores, lengths, finished)."""
+    c, B, T = model.config, src.size(0), int(limits.max())
+    memory, src_mask, cache = _start(model, src, use_cache)
+    alive = src.new_full((B, 1), c.bos_id)  # one live hypothesis per sentence: [B, 1]
+    alive_log_probs = torch.zeros(B, 1, device=src.device)  # [B, n_live]
+    finished = _no_hypotheses(src, k, T, c.pad_id)  # [B, k, ...]
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)  # [B]
+    every = _stop_check_every(src.device)
+    for t in range(1, T + 1):  # t: the tokens of each hypothesis after this step
+        logits = _step_logits(model, alive, memory, src_mask, cache)  # [B * n_live, V]
+        log_p = _allowed(logits.log_softmax(-1), model, t - 1, min_len)
+        candidates = _candidates(alive_log_probs, log_p, k)  # 3 x [B, 2k]
+        lp = length_penalty(t, alpha)
+        finished = _finish_ended(finished, alive, candidates, t, lp, done, c)
+        first = alive_log_probs.size(1) == 1
+        alive, alive_log_probs, index = _next_beam(alive, candidates, k, c.eos_id)
+        if cache is not None:
+            cache.reorder(index)  # the cached keys and values follow their hypotheses
+        if first:  # from the second step on, k rows per sentence
+            memory = memory.repeat_interleave(k, dim=0)  # [B * k, src_len, d_model]
+            src_mask = src_mask.repeat_interleave(k, dim=0)  # [B * k, 1, 1, src_len]
+        at_limit = (limits == t) & ~done  # [B]
+        finished = _finish_at_limit(
+            finished, alive, alive_log_probs, t, lp, at_limit, c.pad_id
+        )
+        # 4. Early stop: k finished, and the best live one beats none of them now.
+        worst = finished[2][:, -1]  # [B]; -inf while fewer than k are finished
+        beaten = alive_log_probs[:, 0] / lp <= worst  # [B]
+        done |= at_limit | ((worst > float("-inf")) & beaten)
+        if t % every == 0 and bool(done.all()):
+            break
+    return finished
 
 
 def beam_search(
@@ -303,16 +450,18 @@ def beam_search(
     n_best: int | None = None,
     use_cache: bool = True,
 ) -> DecodeResult:
-    """Beam search ranked by log P(Y|X) / lp(Y), the GNMT length penalty (chapter 15; paper, section 6.1).
+    """Beam search ranked by log P(Y|X) / lp(Y), GNMT's length penalty (chapter 15).
 
-    Every sentence and every beam decode together, as batch * beam_size rows. A
-    sentence is done when it holds beam_size finished hypotheses and its best live
-    hypothesis, scored at its current length, is no better than the worst of them;
-    or at its maximum length, where its live hypotheses count as finished.
+    The paper's section 6.1. Every sentence and every beam decode together, as
+    batch * beam_size rows. A sentence is done when it holds beam_size finished
+    hypotheses and its best live hypothesis, scored at its current length, is no
+    better than the worst of them; or at its maximum length, where its live
+    hypotheses count as finished.
 
     Args:
         model, src, max_len, min_len, use_cache: as for greedy_search.
-        beam_size: the hypotheses kept per sentence (the paper: 4); 1 is greedy search.
+        beam_size: the hypotheses kept per sentence (the paper: 4); 1 is greedy
+            search.
         alpha: the length penalty's exponent in [0, MAX_ALPHA] (the paper: 0.6); 0
             ranks by log P.
         n_best: None returns the best hypothesis of each sentence; an int returns
@@ -321,165 +470,48 @@ def beam_search(
     Returns:
         A DecodeResult whose scores are log_probs / length_penalty(lengths, alpha).
     """
-    c = model.config
-    _check_int("beam_size", beam_size, 1, "the paper uses 4, and 1 is greedy search.")
-    if beam_size > c.tgt_vocab_size - 2:
-        raise ValueError(
-            f"beam_size={beam_size} is more than the {c.tgt_vocab_size - 2} tokens that can follow a "
-            f"hypothesis (all but padding and the start token); use a smaller beam."
-        )
-    _check_alpha(alpha)
-    if n_best is not None:
-        _check_int("n_best", n_best, 1, "or None for the best hypothesis only.")
-        if n_best > beam_size:
-            raise ValueError(
-                f"n_best={n_best} is more than beam_size={beam_size}, the hypotheses the "
-                f"search keeps per sentence; raise beam_size or lower n_best."
-            )
+    _check_beam_options(model, beam_size, alpha, n_best)
     limits = _limits(model, src, max_len, min_len)  # [batch]
-    k, V, T, B = beam_size, c.tgt_vocab_size, int(limits.max()), src.size(0)
-    device = src.device
-    rows = torch.arange(B, device=device)[:, None]  # [B, 1]
-    no_score = float("-inf")
     with eval_mode(model), torch.no_grad():  # no dropout while decoding
-        memory = model.encode(src)  # once per sentence: [B, src_len, d_model]
-        src_mask = padding_mask(src, c.pad_id)  # [B, 1, 1, src_len]
-        cache = model.new_cache() if use_cache else None
-        alive = src.new_full(
-            (B, 1), c.bos_id
-        )  # live hypotheses, one per sentence at first: [B, 1]
-        alive_log_probs = torch.zeros(B, 1, device=device)  # [B, n_live]
-        finished = (  # the k best finished hypotheses per sentence, best first
-            src.new_full((B, k, T), c.pad_id),  # tokens: [B, k, T]
-            torch.full((B, k), no_score, device=device),  # log_probs: [B, k]
-            torch.full((B, k), no_score, device=device),  # scores; -inf: an empty place
-            torch.zeros(B, k, dtype=torch.long, device=device),  # lengths: [B, k]
-            torch.zeros(
-                B, k, dtype=torch.bool, device=device
-            ),  # ended with eos: [B, k]
+        finished = _beam_search_loop(
+            model, src, limits, beam_size, alpha, min_len, use_cache
         )
-        done = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
-        every = _stop_check_every(device)
-        for t in range(1, T + 1):  # t: the tokens of each hypothesis after this step
-            n_live = alive_log_probs.size(1)  # 1 at the first step, then k
-            inputs = alive[:, -1:] if use_cache else alive  # [B * n_live, 1 or t]
-            logits = model.decode(inputs, memory, src_mask, cache=cache)[
-                :, -1
-            ].float()  # [B * n_live, V]
-            log_p = _allowed(
-                logits.log_softmax(-1), model, t - 1, min_len
-            )  # [B * n_live, V]
-            extended = alive_log_probs[..., None] + log_p.view(
-                B, n_live, V
-            )  # log P: [B, n_live, V]
-            n_cand = min(2 * k, n_live * V)
-            top, index = extended.view(B, n_live * V).topk(
-                n_cand, dim=-1
-            )  # best first: [B, n_cand]
-            origin, token = (
-                index // V,
-                index % V,
-            )  # the hypothesis extended, the token added
-            lp = length_penalty(t, alpha)
-            # 1. Extensions with the end token among the k best are finished hypotheses.
-            ends = (
-                (token == c.eos_id)
-                & (torch.arange(n_cand, device=device) < k)
-                & ~done[:, None]
-            )
-            prefix = alive.view(B, n_live, t)[
-                rows, origin, 1:
-            ]  # without <s>: [B, n_cand, t - 1]
-            ended = F.pad(
-                torch.cat([prefix, token[..., None]], dim=-1),
-                (0, T - t),
-                value=c.pad_id,
-            )  # [B, n_cand, T]
-            new = (
-                ended,
-                top,
-                (top / lp).masked_fill(~ends, no_score),
-                torch.full_like(token, t),
-                torch.ones_like(ends),
-            )
-            finished = _keep_best(
-                finished, new, k, ~done
-            )  # done sentences stay as they are
-            # 2. The k best extensions without the end token are the new beam.
-            goes_on = top.masked_fill(token == c.eos_id, no_score)  # [B, n_cand]
-            alive_log_probs, pick = goes_on.topk(k, dim=-1)  # [B, k]
-            origin, token = origin.gather(1, pick), token.gather(1, pick)  # [B, k]
-            index = (
-                rows * n_live + origin
-            ).flatten()  # the old row of each new one: [B * k]
-            alive = torch.cat(
-                [alive[index], token.reshape(-1, 1)], dim=1
-            )  # [B * k, t + 1]
-            if cache is not None:
-                cache.reorder(
-                    index
-                )  # the cached keys and values follow their hypotheses
-            if n_live == 1:  # from the second step on, k rows per sentence
-                memory = memory.repeat_interleave(k, dim=0)  # [B * k, src_len, d_model]
-                src_mask = src_mask.repeat_interleave(
-                    k, dim=0
-                )  # [B * k, 1, 1, src_len]
-            # 3. At its maximum length a sentence keeps its live hypotheses as they are.
-            at_limit = (
-                limits == t
-            ) & ~done  # [B]; merged where True, without reading it
-            cut = F.pad(
-                alive[:, 1:].view(B, k, t), (0, T - t), value=c.pad_id
-            )  # [B, k, T]
-            live = (
-                cut,
-                alive_log_probs,
-                alive_log_probs / lp,
-                torch.full_like(token, t),
-                torch.zeros_like(pick, dtype=torch.bool),
-            )
-            finished = _keep_best(finished, live, k, at_limit)
-            # 4. Early stop: k finished hypotheses, and the best live one beats none of them now.
-            full = finished[2][:, -1] > no_score  # [B]
-            beaten = alive_log_probs[:, 0] / lp <= finished[2][:, -1]  # [B]
-            done |= at_limit | (full & beaten)
-            if t % every == 0 and bool(done.all()):
-                break
     chosen = [x[:, 0] if n_best is None else x[:, :n_best] for x in finished]
     tokens, log_probs, scores, lengths, ended = chosen
     tokens = tokens[..., : int(lengths.max())]  # [batch, (n_best,) length]
     return DecodeResult(tokens, lengths, log_probs, scores, ended)
 
 
+def _check_beam_options(
+    model: Transformer, beam_size: int, alpha: float, n_best: int | None
+) -> None:
+    """A ValueError unless beam_size, alpha and n_best are usable with model."""
+    vocab = model.config.tgt_vocab_size
+    _check_int("beam_size", beam_size, 1, "the paper uses 4, and 1 is greedy search.")
+    if beam_size > vocab - 2:
+        raise ValueError(
+            f"beam_size={beam_size} is more than the {vocab - 2} tokens that can "
+            "follow a hypothesis (all but padding and the start token); use a "
+            "smaller beam."
+        )
+    _check_alpha(alpha)
+    if n_best is not None:
+        _check_int("n_best", n_best, 1, "or None for the best hypothesis only.")
+        if n_best > beam_size:
+            raise ValueError(
+                f"n_best={n_best} is more than beam_size={beam_size}, the hypotheses "
+                "the search keeps per sentence; raise beam_size or lower n_best."
+            )
+
+
 # Chapter 15, "Sampling"
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4  # the temperatures that sampling accepts
-
-
-def _check_temperature(temperature: float) -> None:
-    """A ValueError unless MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE (chapter 15)."""
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not temperature > 0
-    ):
-        raise ValueError(
-            f"temperature must be a number > 0, got {temperature!r}; for the limit T -> 0, which "
-            f"always takes the most probable token, use greedy_search."
-        )
-    if not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
-        raise ValueError(
-            f"temperature must be a finite number from {MIN_TEMPERATURE:g} to "
-            f"{MAX_TEMPERATURE:g}, got {temperature!r}. Below that, softmax(z / T) puts all "
-            f"its mass on the most probable token, which is greedy search: use greedy_search. "
-            f"Above it, every allowed token is equally likely, and at T = inf the excluded "
-            f"tokens' -inf / T is NaN."
-        )
 
 
 def sampling_probs(
     logits: Tensor, temperature: float = 1.0, top_k: int | None = None
 ) -> Tensor:
-    """softmax(z / T) over the top_k largest logits (all if None), zero elsewhere (chapter 15).
+    """softmax(z / T) over the top_k largest logits (all if None), else 0 (chapter 15).
 
     Args:
         logits: [..., V].
@@ -495,11 +527,30 @@ def sampling_probs(
     if top_k is not None:
         _check_int("top_k", top_k, 1, "or None to keep every token.")
         if top_k < z.size(-1):
-            kth = z.topk(top_k, dim=-1).values[
-                ..., -1:
-            ]  # the k-th largest logit: [..., 1]
+            kth = z.topk(top_k, dim=-1).values[..., -1:]  # k-th largest: [..., 1]
             z = z.masked_fill(z < kth, float("-inf"))  # [..., V]
     return torch.softmax(z, dim=-1)  # [..., V]
+
+
+def _check_temperature(temperature: float) -> None:
+    """A ValueError unless MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE."""
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not temperature > 0
+    ):
+        raise ValueError(
+            f"temperature must be a number > 0, got {temperature!r}; for the limit "
+            "T -> 0, which always takes the most probable token, use greedy_search."
+        )
+    if not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+        raise ValueError(
+            f"temperature must be a finite number from {MIN_TEMPERATURE:g} to "
+            f"{MAX_TEMPERATURE:g}, got {temperature!r}. Below that, softmax(z / T) "
+            "puts all its mass on the most probable token, which is greedy search: "
+            "use greedy_search. Above it, every allowed token is equally likely, "
+            "and at T = inf the excluded tokens' -inf / T is NaN."
+        )
 
 
 def sample(
@@ -512,7 +563,7 @@ def sample(
     min_len: int = 0,
     use_cache: bool = True,
 ) -> DecodeResult:
-    """Ancestral sampling, y_t drawn from softmax(z_t / T), optionally among the top-k tokens (chapter 15).
+    """Ancestral sampling, y_t ~ softmax(z_t / T), optionally top-k (chapter 15).
 
     Args:
         model, src, max_len, min_len, use_cache: as for greedy_search.
@@ -524,9 +575,7 @@ def sample(
         A DecodeResult; scores = log_probs, the log-probability of the sampled
         tokens under the model itself (temperature 1, every token).
     """
-    sampling_probs(
-        torch.zeros(1), temperature, top_k
-    )  # check the options before any work
+    sampling_probs(torch.zeros(1), temperature, top_k)  # check before any work
 
     def pick(logits: Tensor) -> Tensor:
         probs = sampling_probs(logits, temperature, top_k)  # [batch, V]
@@ -552,37 +601,30 @@ def translate(
     max_len: int | None = None,
     batch_size: int = 64,
 ) -> list[str]:
-    """Decode texts with model and tokenizer, one output text per input text (chapter 15).
+    """Decode texts with model and tokenizer, one output per input text (chapter 15).
 
     Args:
         model: a trained Transformer; it decodes on the device of its parameters.
-        tokenizer: encode(text) -> ids and decode(ids) -> text, e.g. chapter 11's SymbolTokenizer.
+        tokenizer: encode(text) -> ids and decode(ids) -> text, e.g. chapter 11's
+            SymbolTokenizer.
         texts: the inputs; an empty (or blank) text gives an empty output.
         method: "beam" (beam_search with beam_size and alpha), "greedy"
             (greedy_search) or "sample" (sample with temperature, top_k, generator).
         max_len: as for greedy_search; None is the paper's input length + 50.
         batch_size: sentences decoded at once.
     """
-    if method not in DECODING_METHODS:
-        raise ValueError(f"method must be one of {DECODING_METHODS}, got {method!r}.")
-    if isinstance(texts, str):
-        raise ValueError(
-            f"texts must be a list of strings, got the string {texts!r}; pass [text]."
-        )
-    _check_int("batch_size", batch_size, 1, "the number of sentences decoded at once.")
+    _check_translate(method, texts, batch_size)
     device = next(model.parameters()).device
     outputs = [""] * len(texts)
     todo = [(i, tokenizer.encode(text)) for i, text in enumerate(texts) if text.strip()]
     too_long = _too_long(model, todo)
     if too_long:  # refused before any decoding, rather than failing in the middle
-        raise ValueError(
-            _too_long_message(too_long, "texts[{}]", 0, model.config.max_len)
-        )
+        limit = model.config.max_len
+        raise ValueError(_too_long_message(too_long, "texts[{}]", 0, limit))
     for first in range(0, len(todo), batch_size):
         chunk = todo[first : first + batch_size]
-        src = pad_sequences([ids for _, ids in chunk], model.config.pad_id).to(
-            device
-        )  # [b, src_len]
+        batch = [ids for _, ids in chunk]
+        src = pad_sequences(batch, model.config.pad_id).to(device)  # [b, src_len]
         if method == "beam":
             result = beam_search(
                 model, src, beam_size=beam_size, alpha=alpha, max_len=max_len
@@ -590,42 +632,125 @@ def translate(
         elif method == "greedy":
             result = greedy_search(model, src, max_len=max_len)
         else:
-            result = sample(
-                model,
-                src,
-                temperature=temperature,
-                top_k=top_k,
-                generator=generator,
-                max_len=max_len,
-            )
+            result = sample(model, src, temperature, top_k, generator, max_len)
         for (i, _), ids in zip(chunk, result.tokens.tolist()):
             outputs[i] = tokenizer.decode(ids)
     return outputs
 
 
+def _check_translate(method: str, texts: Sequence[str], batch_size: int) -> None:
+    """A ValueError unless method, texts and batch_size are usable by translate."""
+    if method not in DECODING_METHODS:
+        raise ValueError(f"method must be one of {DECODING_METHODS}, got {method!r}.")
+    if isinstance(texts, str):
+        raise ValueError(
+            f"texts must be a list of strings, got the string {texts!r}; pass [text]."
+        )
+    _check_int("batch_size", batch_size, 1, "the number of sentences decoded at once.")
+
+
 def _too_long(
     model: Transformer, encoded: list[tuple[int, list[int]]]
 ) -> list[tuple[int, int]]:
-    """(index, length) of the encoded texts longer than the positional table (chapter 15)."""
+    """(index, length) of the encoded texts longer than the positional table."""
     return [(i, len(ids)) for i, ids in encoded if len(ids) > model.config.max_len]
 
 
 def _too_long_message(
     too_long: list[tuple[int, int]], name: str, first: int, limit: int
 ) -> str:
-    """Which inputs exceed `limit` tokens, name.format(index + first) for each (chapter 15)."""
+    """Which inputs exceed `limit` tokens, name.format(index + first) for each."""
     listed = ", ".join(
         f"{name.format(i + first)} ({n} tokens)" for i, n in too_long[:10]
     )
     more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
     return (
-        f"{len(too_long)} input(s) have more tokens than the model's positional table holds "
-        f"(max_len={limit}): {listed}{more}; shorten or split them. Nothing was translated."
+        f"{len(too_long)} input(s) have more tokens than the model's positional "
+        f"table holds (max_len={limit}): {listed}{more}; shorten or split them. "
+        "Nothing was translated."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m aiayn translate`: decode texts with a checkpoint (chapter 15)."""
+    args = _parser().parse_args(argv)
+    path = _checkpoint_file(args.checkpoint)
+    if not path.is_file():
+        return _fail(
+            f"no checkpoint file at {path}; write one with `python -m aiayn train "
+            "--checkpoint-dir DIR` (chapter 14) and pass DIR/last.pt, or DIR itself."
+        )
+    texts = list(args.text) if args.text else _split_lines(sys.stdin.read())
+    if not any(text.strip() for text in texts):
+        return _fail(
+            "nothing to translate: give the texts as arguments, or as lines on "
+            "standard input."
+        )
+    try:
+        device = pick_device(args.device or "auto")  # chapter 13: cuda, mps or cpu
+        model, tokenizer = _load(path, device)
+    except ValueError as err:
+        return _fail(str(err))
+    encoded = [(i, tokenizer.encode(t)) for i, t in enumerate(texts) if t.strip()]
+    too_long = _too_long(model, encoded)
+    if too_long:  # numbered from 1, as an editor numbers lines
+        name = "text {}" if args.text else "line {}"
+        return _fail(_too_long_message(too_long, name, 1, model.config.max_len))
+    try:
+        outputs = translate(model, tokenizer, texts, **_decoding_options(args, device))
+    except ValueError as err:
+        return _fail(str(err))
+    for line in outputs:
+        print(line)
+    return 0
+
+
+def _fail(message: str) -> int:
+    """Report an error of `python -m aiayn translate`; its exit status, 2."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _checkpoint_file(name: str) -> Path:
+    """The checkpoint file `name` stands for: a run's folder means its last.pt."""
+    path = Path(name)
+    return path / "last.pt" if path.is_dir() else path  # chapter 14's run folder
+
+
+def _load(path: Path, device: torch.device) -> tuple[Transformer, Any]:
+    """The model and tokenizer of a checkpoint; a ValueError says why not."""
+    try:
+        model, tokenizer = load_checkpoint_model(path, map_location=device)
+    except (ValueError, KeyError, RuntimeError, OSError) as err:
+        raise ValueError(f"cannot load {path}: {err}") from err
+    if tokenizer is None:
+        raise ValueError(
+            f"{path} holds no tokenizer, so its model cannot read text; use a "
+            "checkpoint written by `python -m aiayn train`, which saves the "
+            "tokenizer with the model."
+        )
+    return model, tokenizer
+
+
+def _decoding_options(args: argparse.Namespace, device: torch.device) -> dict:
+    """The keyword arguments of translate that the command's options ask for."""
+    generator = None
+    if args.sample:
+        generator = torch.Generator(device=device).manual_seed(args.seed)
+    return dict(
+        method="greedy" if args.greedy else "sample" if args.sample else "beam",
+        beam_size=args.beam_size,
+        alpha=args.alpha,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        generator=generator,
+        max_len=args.max_len,
+        batch_size=args.batch_size,
     )
 
 
 def _split_lines(text: str) -> list[str]:
-    """The lines of text, split at newlines only, without one carriage return each (chapter 15).
+    """The lines of text, split at newlines only, each without a final carriage return.
 
     Unlike str.splitlines, a form feed, a separator such as 0x1C or U+2028 inside a
     line does not end it, so the output lines stay aligned with the input lines. A
@@ -637,12 +762,24 @@ def _split_lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+_NUMBER_OPTIONS = (  # flag, type, default, help
+    ("--beam-size", int, 4, "beam search: hypotheses kept (default 4)"),
+    ("--alpha", float, 0.6, "beam search: length penalty (default 0.6)"),
+    ("--temperature", float, 1.0, "--sample: temperature (default 1.0)"),
+    ("--top-k", int, None, "--sample: sample among the k best tokens"),
+    ("--seed", int, 0, "--sample: random seed (default 0)"),
+    ("--max-len", int, None, "most output tokens (default: input length + 50)"),
+    ("--batch-size", int, 64, "sentences decoded at once (default 64)"),
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     """The options of `python -m aiayn translate` (chapter 15)."""
     parser = argparse.ArgumentParser(
         prog="python -m aiayn translate",
-        description="Translate text with a checkpoint written by `python -m aiayn train`: the texts "
-        "given as arguments, or else each line of standard input; one output line per input.",
+        description="Translate text with a checkpoint written by `python -m aiayn "
+        "train`: the texts given as arguments, or else each line of standard input; "
+        "one output line per input.",
     )
     parser.add_argument(
         "text",
@@ -652,7 +789,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--checkpoint",
         required=True,
-        help="a checkpoint file with model and tokenizer, or a directory holding last.pt",
+        help="a checkpoint file with model and tokenizer, "
+        "or a directory holding last.pt",
     )
     how = parser.add_mutually_exclusive_group()
     how.add_argument(
@@ -661,114 +799,9 @@ def _parser() -> argparse.ArgumentParser:
     how.add_argument(
         "--sample", action="store_true", help="sample instead of beam search"
     )
-    parser.add_argument(
-        "--beam-size",
-        type=int,
-        default=4,
-        help="beam search: hypotheses kept (default 4)",
-    )
-    parser.add_argument(
-        "--alpha",
-        type=float,
-        default=0.6,
-        help="beam search: length penalty (default 0.6)",
-    )
-    parser.add_argument(
-        "--temperature",
-        type=float,
-        default=1.0,
-        help="--sample: temperature (default 1.0)",
-    )
-    parser.add_argument(
-        "--top-k",
-        type=int,
-        default=None,
-        help="--sample: sample among the k best tokens",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="--sample: random seed (default 0)"
-    )
-    parser.add_argument(
-        "--max-len",
-        type=int,
-        default=None,
-        help="most output tokens (default: input length + 50)",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=64,
-        help="sentences decoded at once (default 64)",
-    )
+    for flag, kind, default, text in _NUMBER_OPTIONS:
+        parser.add_argument(flag, type=kind, default=default, help=text)
     parser.add_argument(
         "--device", default=None, help="e.g. cpu or cuda (default: cuda if available)"
     )
     return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m aiayn translate`: decode texts with a trained checkpoint (chapter 15)."""
-    args = _parser().parse_args(argv)
-
-    def fail(message: str) -> int:
-        print(f"error: {message}", file=sys.stderr)
-        return 2
-
-    path = Path(args.checkpoint)
-    if path.is_dir():  # a run's folder (chapter 14): its latest checkpoint
-        path = path / "last.pt"
-    if not path.is_file():
-        return fail(
-            f"no checkpoint file at {path}; write one with `python -m aiayn train "
-            f"--checkpoint-dir DIR` (chapter 14) and pass DIR/last.pt, or DIR itself."
-        )
-    texts = list(args.text) if args.text else _split_lines(sys.stdin.read())
-    if not any(text.strip() for text in texts):
-        return fail(
-            "nothing to translate: give the texts as arguments, or as lines on standard input."
-        )
-    try:
-        device = pick_device(
-            args.device or "auto"
-        )  # chapter 13's choice: cuda, else mps, else cpu
-    except ValueError as err:
-        return fail(str(err))
-    try:
-        model, tokenizer = load_checkpoint_model(path, map_location=device)
-    except (ValueError, KeyError, RuntimeError, OSError) as err:
-        return fail(f"cannot load {path}: {err}")
-    if tokenizer is None:
-        return fail(
-            f"{path} holds no tokenizer, so its model cannot read text; use a checkpoint "
-            f"written by `python -m aiayn train`, which saves the tokenizer with the model."
-        )
-    encoded = [
-        (i, tokenizer.encode(text)) for i, text in enumerate(texts) if text.strip()
-    ]
-    too_long = _too_long(model, encoded)
-    if too_long:  # numbered from 1, as an editor numbers lines
-        name = "text {}" if args.text else "line {}"
-        return fail(_too_long_message(too_long, name, 1, model.config.max_len))
-    method = "greedy" if args.greedy else "sample" if args.sample else "beam"
-    generator = (
-        torch.Generator(device=device).manual_seed(args.seed) if args.sample else None
-    )
-    try:
-        outputs = translate(
-            model,
-            tokenizer,
-            texts,
-            method=method,
-            beam_size=args.beam_size,
-            alpha=args.alpha,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            generator=generator,
-            max_len=args.max_len,
-            batch_size=args.batch_size,
-        )
-    except ValueError as err:
-        return fail(str(err))
-    for line in outputs:
-        print(line)
-    return 0
