@@ -28,37 +28,26 @@ __all__ = [
 def _sample_next(
     logits: Tensor, temperature: float, greedy: bool, generator: torch.Generator | None
 ) -> Tensor:
-    """The next token for logits [batch, vocab]: the argmax, or a sample of softmax(z / T) (chapter 10)."""
+    """Pick the next token from logits [batch, vocab] (chapter 10).
+
+    The argmax when greedy, else a sample of softmax(logits / T).
+    """
     if greedy:
         return logits.argmax(dim=-1, keepdim=True)  # [batch, 1]
     probs = torch.softmax(logits.float() / temperature, dim=-1)  # p_T: [batch, vocab]
     return torch.multinomial(probs, num_samples=1, generator=generator)  # [batch, 1]
 
 
-def _check_length(tokens: Tensor, max_len: int) -> None:
-    """Stop a sequence that the position table cannot cover, before any lookup (chapter 10)."""
-    if isinstance(tokens, Tensor) and tokens.dim() == 2:
-        if tokens.size(1) == 0:
-            raise ValueError(
-                f"tokens has shape {tuple(tokens.shape)}: every sequence needs at least one token."
-            )
-        if tokens.size(1) > max_len:
-            raise ValueError(
-                f"the sequence has {tokens.size(1)} tokens, but the model has learned positions for "
-                f"max_len={max_len} only; keep the last {max_len} with tokens[:, -{max_len}:], or build "
-                f"the model with max_len >= {tokens.size(1)}."
-            )
-
-
 class DecoderOnlyLM(nn.Module):
-    """Decoder-only (GPT-style) language model: causal self-attention blocks, tied head (chapter 10).
+    """Decoder-only (GPT-style) language model: causal blocks, tied head (chapter 10).
 
     Args:
         vocab_size: number of tokens V.
         max_len: the context length, the number of learned positions (1024 in GPT-2).
-        n_layers, d_model, n_heads, d_ff: sizes of the stack (GPT-2 small: 12, 768, 12, 3072).
-        dropout: on the sum of embeddings and positions, on the attention weights, on the
-            FFN's hidden units and on every sublayer output (0.1 in GPT-2).
+        n_layers, d_model, n_heads, d_ff: sizes of the stack (GPT-2 small: 12, 768,
+            12, 3072).
+        dropout: on the sum of embeddings and positions, on the attention weights, on
+            the FFN's hidden units and on every sublayer output (0.1 in GPT-2).
         activation: the FFN's activation, "gelu" (GPT) or "relu" (the paper).
         norm_first: True for pre-norm blocks and a final LayerNorm (GPT-2), False for
             post-norm blocks without one (GPT-1, the paper).
@@ -88,7 +77,8 @@ class DecoderOnlyLM(nn.Module):
         self.vocab_size, self.max_len = vocab_size, max_len
         self.embed = TokenEmbedding(vocab_size, d_model)
         self.pos = LearnedPositionalEmbedding(max_len, d_model, dropout=dropout)
-        # GPT's blocks are encoder layers that get a causal mask; a pre-norm stack ends with a LayerNorm.
+        # GPT's blocks are encoder layers that get a causal mask; a pre-norm stack
+        # ends with a LayerNorm.
         self.blocks = Encoder(
             n_layers, d_model, n_heads, d_ff, dropout, activation, norm_first, eps=eps
         )
@@ -96,15 +86,14 @@ class DecoderOnlyLM(nn.Module):
         tie_weights(self.head, self.embed)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """Next-token logits [batch, seq, vocab] for tokens [batch, seq]; position t sees tokens 0..t only."""
+        """Next-token logits [batch, seq, vocab] of tokens [batch, seq] (chapter 10).
+
+        Position t sees tokens 0..t only.
+        """
         _check_length(tokens, self.max_len)
-        x = self.pos(
-            self.embed(tokens)
-        )  # sqrt(d_model) E[x_t] + P_t: [batch, seq, d_model]
-        mask = causal_mask(tokens.size(1), device=tokens.device)[
-            None, None
-        ]  # [1, 1, seq, seq]
-        return self.head(self.blocks(x, mask=mask))  # [batch, seq, vocab]
+        x = self.pos(self.embed(tokens))  # sqrt(d_model) E[x_t] + P_t: [batch, seq, d]
+        mask = causal_mask(tokens.size(1), device=tokens.device)  # [seq, seq]
+        return self.head(self.blocks(x, mask=mask[None, None]))  # [batch, seq, vocab]
 
     @torch.no_grad()
     def generate(
@@ -115,15 +104,33 @@ class DecoderOnlyLM(nn.Module):
         greedy: bool = False,
         generator: torch.Generator | None = None,
     ) -> Tensor:
-        """Extend prompt [batch, p] by max_new_tokens tokens, one per pass: [batch, p + max_new_tokens].
+        """Append max_new_tokens tokens to prompt [batch, p] (chapter 10).
+
+        One full pass per token; returns the ids [batch, p + max_new_tokens].
 
         Args:
             prompt: token ids [batch, p], p >= 1; all rows have the same length.
             max_new_tokens: how many tokens to append.
-            temperature: T of the sampling distribution softmax(z / T); ignored when greedy.
+            temperature: T of the sampling distribution softmax(z / T); ignored when
+                greedy.
             greedy: take the most likely token at every step instead of sampling.
-            generator: a torch.Generator (on the model's device) for reproducible samples.
+            generator: a torch.Generator (on the model's device) for reproducible
+                samples.
         """
+        prompt = self._check_generation(prompt, max_new_tokens, temperature, greedy)
+        with eval_mode(self):  # no dropout while generating
+            tokens = prompt
+            for _ in range(max_new_tokens):
+                # the last position predicts the next token: [batch, vocab]
+                logits = self(tokens)[:, -1]
+                next_token = _sample_next(logits, temperature, greedy, generator)
+                tokens = torch.cat([tokens, next_token.to(tokens.dtype)], dim=1)
+        return tokens  # [batch, p + max_new_tokens]
+
+    def _check_generation(
+        self, prompt: Tensor, max_new_tokens: int, temperature: float, greedy: bool
+    ) -> Tensor:
+        """The prompt's ids, checked; stop settings that generate() cannot honour."""
         if (
             isinstance(max_new_tokens, bool)
             or not isinstance(max_new_tokens, int)
@@ -134,31 +141,37 @@ class DecoderOnlyLM(nn.Module):
             )
         if not greedy and not temperature > 0:
             raise ValueError(
-                f"temperature must be positive, got {temperature}; for the most likely token at every "
-                f"step use greedy=True."
+                f"temperature must be positive, got {temperature}; for the most likely "
+                "token at every step use greedy=True."
             )
         prompt = check_token_ids(prompt, self.vocab_size, "prompt")
         _check_length(prompt, self.max_len)
         total = prompt.size(1) + max_new_tokens
         if total > self.max_len:
             raise ValueError(
-                f"the prompt ({prompt.size(1)} tokens) and max_new_tokens={max_new_tokens} make {total} "
-                f"positions, more than max_len={self.max_len}; ask for fewer tokens or shorten the prompt, "
+                f"the prompt ({prompt.size(1)} tokens) and "
+                f"max_new_tokens={max_new_tokens} make {total} positions, more than "
+                f"max_len={self.max_len}; ask for fewer tokens or shorten the prompt, "
                 f"e.g. prompt[:, -{max(self.max_len - max_new_tokens, 1)}:]."
             )
-        with eval_mode(self):  # no dropout while generating
-            tokens = prompt
-            for _ in range(max_new_tokens):
-                logits = self(tokens)[
-                    :, -1
-                ]  # the last position predicts the next token: [batch, vocab]
-                next_token = _sample_next(
-                    logits, temperature, greedy, generator
-                )  # [batch, 1]
-                tokens = torch.cat(
-                    [tokens, next_token.to(tokens.dtype)], dim=1
-                )  # [batch, seq + 1]
-        return tokens
+        return prompt
+
+
+def _check_length(tokens: Tensor, max_len: int) -> None:
+    """Stop a sequence longer than the position table, before a lookup (chapter 10)."""
+    if isinstance(tokens, Tensor) and tokens.dim() == 2:
+        if tokens.size(1) == 0:
+            raise ValueError(
+                f"tokens has shape {tuple(tokens.shape)}: every sequence needs at "
+                "least one token."
+            )
+        if tokens.size(1) > max_len:
+            raise ValueError(
+                f"the sequence has {tokens.size(1)} tokens, but the model has learned "
+                f"positions for max_len={max_len} only; keep the last {max_len} with "
+                f"tokens[:, -{max_len}:], or build the model with "
+                f"max_len >= {tokens.size(1)}."
+            )
 
 
 # Chapter 10, "The encoder-only model"
@@ -170,7 +183,7 @@ def mask_tokens(
     keep_ids: tuple[int, ...] = (),
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """BERT's corruption: choose p of the positions; 80% -> [MASK], 10% -> random, 10% kept (chapter 10).
+    """BERT's input corruption (chapter 10): 80% [MASK], 10% random, 10% kept.
 
     Args:
         tokens: integer token ids [batch, seq].
@@ -181,9 +194,25 @@ def mask_tokens(
         generator: a torch.Generator on the device of tokens, for reproducible draws.
 
     Returns:
-        (inputs, labels), both [batch, seq]. The labels hold the original
-        id at the chosen positions and -100 (cross_entropy's ignore_index) elsewhere.
+        (inputs, labels), both [batch, seq]. The labels hold the original id at the
+        chosen positions and -100 (cross_entropy's ignore_index) elsewhere.
     """
+    tokens = _check_masking(tokens, mask_id, vocab_size, p)
+    draw = dict(generator=generator, device=tokens.device)
+    chosen = torch.rand(tokens.shape, **draw) < p  # [batch, seq]
+    for token_id in keep_ids:
+        chosen &= tokens != token_id
+    labels = tokens.masked_fill(~chosen, -100)  # [batch, seq]
+    fate = torch.rand(tokens.shape, **draw)  # [batch, seq]
+    random_ids = torch.randint(vocab_size, tokens.shape, **draw, dtype=tokens.dtype)
+    inputs = torch.where(chosen & (fate < 0.8), mask_id, tokens)  # 80%: [MASK]
+    to_random = chosen & (fate >= 0.8) & (fate < 0.9)  # 10%: random
+    inputs = torch.where(to_random, random_ids, inputs)
+    return inputs, labels  # the remaining 10% keep their token
+
+
+def _check_masking(tokens: Tensor, mask_id: int, vocab_size: int, p: float) -> Tensor:
+    """The token ids, checked; stop a fraction p or a mask_id that cannot work."""
     tokens = check_token_ids(tokens, vocab_size)
     if not 0.0 < p <= 1.0:
         raise ValueError(
@@ -193,43 +222,27 @@ def mask_tokens(
         raise ValueError(
             f"mask_id must be a token id in [0, {vocab_size}), got {mask_id}."
         )
-    chosen = (
-        torch.rand(tokens.shape, generator=generator, device=tokens.device) < p
-    )  # [batch, seq]
-    for token_id in keep_ids:
-        chosen &= tokens != token_id
-    labels = tokens.masked_fill(~chosen, -100)  # [batch, seq]
-    fate = torch.rand(
-        tokens.shape, generator=generator, device=tokens.device
-    )  # [batch, seq]
-    random_ids = torch.randint(
-        vocab_size,
-        tokens.shape,
-        generator=generator,
-        device=tokens.device,
-        dtype=tokens.dtype,
-    )  # [batch, seq]
-    inputs = torch.where(chosen & (fate < 0.8), mask_id, tokens)  # 80%: [MASK]
-    inputs = torch.where(
-        chosen & (fate >= 0.8) & (fate < 0.9), random_ids, inputs
-    )  # 10%: random
-    return inputs, labels  # the remaining 10% keep their token
+    return tokens
 
 
 class EncoderOnlyModel(nn.Module):
-    """Encoder-only (BERT-style) model: bidirectional Encoder, tied masked-token head (chapter 10).
+    """Encoder-only (BERT-style) model: bidirectional Encoder, tied head (chapter 10).
 
     Args:
         vocab_size: number of tokens V.
         max_len: the number of learned positions (512 in BERT).
-        n_layers, d_model, n_heads, d_ff: sizes of the stack (BERT-base: 12, 768, 12, 3072).
-        pad_id: id of the padding token, hidden from attention; None if batches are never padded.
+        n_layers, d_model, n_heads, d_ff: sizes of the stack (BERT-base: 12, 768, 12,
+            3072).
+        pad_id: id of the padding token, hidden from attention; None if batches are
+            never padded.
         n_classes: the classifier's number of outputs, or None for no classifier.
-        pool: what classify() reads: "first" (the first token's vector, BERT's [CLS]) or
-            "mean" (the average over the real tokens).
-        dropout: on the normalised embeddings and inside the stack, as in DecoderOnlyLM.
+        pool: what classify() reads: "first" (the first token's vector, BERT's
+            [CLS]) or "mean" (the average over the real tokens).
+        dropout: on the normalised embeddings and inside the stack, as in
+            DecoderOnlyLM.
         activation: the FFN's activation, "gelu" (BERT) or "relu" (the paper).
-        norm_first: False for post-norm (BERT, the paper), True for pre-norm with a final LayerNorm.
+        norm_first: False for post-norm (BERT, the paper), True for pre-norm with a
+            final LayerNorm.
         eps: the LayerNorms' epsilon.
 
     Attributes:
@@ -258,24 +271,9 @@ class EncoderOnlyModel(nn.Module):
         eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        if pool not in ("first", "mean"):
-            raise ValueError(
-                f"pool must be 'first' (the [CLS] token) or 'mean', got {pool!r}."
-            )
-        if n_classes is not None and (
-            isinstance(n_classes, bool)
-            or not isinstance(n_classes, int)
-            or n_classes < 1
-        ):
-            raise ValueError(
-                f"n_classes must be a positive int, or None for no classifier; got {n_classes!r}."
-            )
-        self.vocab_size, self.max_len, self.pad_id, self.pool = (
-            vocab_size,
-            max_len,
-            pad_id,
-            pool,
-        )
+        _check_head_options(pool, n_classes)
+        self.vocab_size, self.max_len = vocab_size, max_len
+        self.pad_id, self.pool = pad_id, pool
         self.embed = TokenEmbedding(vocab_size, d_model, pad_id=pad_id)
         self.pos = LearnedPositionalEmbedding(max_len, d_model)
         self.embed_norm = nn.LayerNorm(d_model, eps=eps)
@@ -288,25 +286,26 @@ class EncoderOnlyModel(nn.Module):
         self.classifier = None if n_classes is None else nn.Linear(d_model, n_classes)
 
     def encode(self, tokens: Tensor) -> Tensor:
-        """Contextual vectors [batch, seq, d_model] for tokens [batch, seq]; each sees every real token."""
+        """Vectors [batch, seq, d_model] for tokens [batch, seq] (chapter 10).
+
+        Each position sees every real token.
+        """
         _check_length(tokens, self.max_len)
-        x = self.dropout(
-            self.embed_norm(self.pos(self.embed(tokens)))
-        )  # [batch, seq, d_model]
-        mask = (
-            None if self.pad_id is None else padding_mask(tokens, self.pad_id)
-        )  # [batch, 1, 1, seq]
-        return self.encoder(x, mask=mask)  # [batch, seq, d_model]
+        x = self.pos(self.embed(tokens))  # [batch, seq, d_model]
+        x = self.dropout(self.embed_norm(x))  # [batch, seq, d_model]
+        mask = None if self.pad_id is None else padding_mask(tokens, self.pad_id)
+        return self.encoder(x, mask=mask)  # mask [batch, 1, 1, seq] -> [b, seq, d]
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """Masked-token logits [batch, seq, vocab]: at every position, which token belongs there."""
+        """Masked-token logits [batch, seq, vocab], the tied head's (chapter 10)."""
         return self.mlm_head(self.encode(tokens))  # [batch, seq, vocab]
 
     def classify(self, tokens: Tensor) -> Tensor:
-        """Class logits [batch, n_classes] from the pooled vector of each sequence in tokens [batch, seq]."""
+        """Class logits [batch, n_classes] from the pooled vectors (chapter 10)."""
         if self.classifier is None:
             raise ValueError(
-                "this model has no classifier; build it with n_classes=... to use classify()."
+                "this model has no classifier; build it with n_classes=... to use "
+                "classify()."
             )
         h = self.encode(tokens)  # [batch, seq, d_model]
         if self.pool == "first":
@@ -314,12 +313,24 @@ class EncoderOnlyModel(nn.Module):
         else:
             if self.pad_id is None:
                 real = torch.ones_like(tokens, dtype=h.dtype)  # [batch, seq]
-            else:
-                real = (tokens != self.pad_id).to(
-                    h.dtype
-                )  # 1 for real tokens: [batch, seq]
+            else:  # 1 for real tokens: [batch, seq]
+                real = (tokens != self.pad_id).to(h.dtype)
             total = (h * real[..., None]).sum(1)  # [batch, d_model]
-            pooled = total / real.sum(1, keepdim=True).clamp(
-                min=1
-            )  # mean over real tokens: [batch, d_model]
+            # the mean over the real tokens: [batch, d_model]
+            pooled = total / real.sum(1, keepdim=True).clamp(min=1)
         return self.classifier(pooled)  # [batch, n_classes]
+
+
+def _check_head_options(pool: str, n_classes: int | None) -> None:
+    """Stop a pooling other than 'first' or 'mean', or a bad number of classes."""
+    if pool not in ("first", "mean"):
+        raise ValueError(
+            f"pool must be 'first' (the [CLS] token) or 'mean', got {pool!r}."
+        )
+    if n_classes is not None and (
+        isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1
+    ):
+        raise ValueError(
+            "n_classes must be a positive int, or None for no classifier; "
+            f"got {n_classes!r}."
+        )
