@@ -67,10 +67,10 @@ __all__ = [
 # Chapter 14, "The command line"
 @dataclass
 class Experiment:
-    """What a preset prepares: model config, tokenizer, data and training defaults (chapter 14).
+    """What a preset prepares: model, tokenizer, data, training defaults (chapter 14).
 
-    options holds the preset's settings that decide the model and the data (say, the
-    task's number of symbols); a resumed run must use the same ones.
+    options holds the preset's settings that decide the model and the data (say,
+    the task's number of symbols); a resumed run must use the same ones.
     """
 
     model_config: TransformerConfig
@@ -79,9 +79,8 @@ class Experiment:
     valid_pairs: Pairs
     train_config: TrainConfig
     max_tokens: int = 4096
-    bucket_size: int | None = (
-        None  # TokenBatchSampler's: None sorts all, 1 mixes lengths
-    )
+    # TokenBatchSampler's bucket_size: None sorts all, 1 mixes lengths
+    bucket_size: int | None = None
     metric: Callable[[Any], float] | None = None
     metric_name: str = "metric"
     options: dict[str, Any] = field(default_factory=dict)
@@ -89,11 +88,12 @@ class Experiment:
 
 @dataclass(frozen=True)
 class Preset:
-    """A recipe of `python -m aiayn train --preset NAME`: where its code lives, and its help (chapter 14).
+    """A recipe of `python -m aiayn train --preset NAME` and its help (chapter 14).
 
-    build ("module:function") is called as build(name, options, device) and returns
-    an Experiment; options ("module:function" or None) adds the preset's own flags to
-    an argparse group, each with default=argparse.SUPPRESS so that only given ones appear.
+    build ("module:function") is called as build(name, options, device) and
+    returns an Experiment; options ("module:function" or None) adds the preset's
+    own flags to an argparse group, each with default=argparse.SUPPRESS so that
+    only given ones appear.
     """
 
     build: str
@@ -107,7 +107,8 @@ PRESETS: dict[str, Preset] = {
         task: Preset(
             "aiayn.engine:synthetic_experiment",
             "aiayn.engine:synthetic_options",
-            f"{task} strings of 10 symbols, a tiny model, under a minute on a CPU (chapter 13)",
+            f"{task} strings of 10 symbols, a tiny model, under a minute on a CPU "
+            "(chapter 13)",
         )
         for task in TASKS
     },
@@ -148,7 +149,7 @@ def synthetic_options(group: Any) -> None:
 def synthetic_experiment(
     name: str, options: dict[str, Any], device: torch.device
 ) -> Experiment:
-    """Chapter 13's copy or reverse run as an Experiment: the tiny model, 400 steps (chapter 14)."""
+    """Chapter 13's copy or reverse run: the tiny model, 400 steps (chapter 14)."""
     o = {
         "n_symbols": 10,
         "max_len": 10,
@@ -166,7 +167,23 @@ def synthetic_experiment(
 
     train, valid = pairs(o["train_size"], 1), pairs(o["valid_size"], 2)
     config = TransformerConfig.tiny(tokenizer.vocab_size, max_len=o["max_len"] + 1)
-    train_config = TrainConfig(
+    return Experiment(
+        config,
+        tokenizer,
+        train,
+        valid,
+        _synthetic_train_config(),
+        max_tokens=2048,
+        bucket_size=1,
+        metric=lambda model: exact_match(model, valid),
+        metric_name="exact match",
+        options=o,
+    )
+
+
+def _synthetic_train_config() -> TrainConfig:
+    """The training defaults of the copy and reverse presets."""
+    return TrainConfig(
         steps=400,
         warmup=100,
         factor=0.5,
@@ -176,18 +193,6 @@ def synthetic_experiment(
         log_every=40,
         checkpoint_every=40,
         keep_checkpoints=5,
-    )
-    return Experiment(
-        config,
-        tokenizer,
-        train,
-        valid,
-        train_config,
-        max_tokens=2048,
-        bucket_size=1,
-        metric=lambda model: exact_match(model, valid),
-        metric_name="exact match",
-        options=o,
     )
 
 
@@ -199,7 +204,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m aiayn train",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a Transformer on a preset (default: copy), or continue a run with --resume. "
+        description="Train a Transformer on a preset (default: copy), or continue "
+        "a run with --resume. "
         "On several GPUs or machines: torchrun --nproc_per_node N -m aiayn train ...",
         epilog="presets:\n"
         + "\n".join(f"  {n:16s}{p.help}" for n, p in PRESETS.items())
@@ -220,6 +226,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start over in a folder that holds another run",
     )
+    _add_run_flags(p)
+    return p
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per field of TrainConfig, and the flags of the process."""
     for flag, kind, help in (
         ("--steps", int, "optimizer updates"),
         ("--warmup", int, "warm-up steps of the schedule"),
@@ -252,20 +264,19 @@ def _parser() -> argparse.ArgumentParser:
         "--grad-checkpointing", action="store_true", help="recompute activations"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m aiayn train [OPTIONS]`: train a preset and write its checkpoints (chapter 14).
+    """`python -m aiayn train`: train a preset and write its checkpoints (chapter 14).
 
-    A mistake of the user prints one `error:` line and returns 2; a run that diverges
-    returns 1; a signal saves the run and returns 128 + the signal's number.
+    A mistake of the user prints one `error:` line and returns 2; a run that
+    diverges returns 1; a signal saves the run and returns 128 + the signal's number.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _run(argv)
     except TrainingInterrupted as stop:
-        hint = f"; continue with --resume {stop.path}" if stop.path is not None else ""
+        hint = "" if stop.path is None else f"; continue with --resume {stop.path}"
         if stop.rank == 0:  # under torchrun, one line for all the processes
             print(f"interrupted: {stop}{hint}", file=sys.stderr)
         return 128 + stop.signum
@@ -309,7 +320,7 @@ def _run(argv: list[str]) -> int:
 
 
 def _checkpoint_file(path: str) -> Path:
-    """A checkpoint named on the command line: a file, or a run's folder and its last.pt."""
+    """A checkpoint named on the command line: a file, or a folder's last.pt."""
     return Path(path) / "last.pt" if Path(path).is_dir() else Path(path)
 
 
@@ -322,7 +333,7 @@ def _train(
     device: torch.device,
     world: tuple[int, int],
 ) -> int:
-    """Build the preset's experiment, train it, and average the run's snapshots (chapter 14)."""
+    """Build the preset's experiment, train it, average its snapshots (chapter 14)."""
     run = saved.get("run", {})
     _check_same_run(resume, name, run, given)
     torch.manual_seed(args.seed or 0)  # the same initial weights in every process
@@ -336,45 +347,11 @@ def _train(
     )
     config = _train_config(args, base, name, resume, device)
     max_tokens = args.max_tokens or run.get("max_tokens") or experiment.max_tokens
-    loader = make_loader(
-        experiment.train_pairs,
-        experiment.tokenizer,
-        max_tokens,
-        seed=config.seed,
-        bucket_size=experiment.bucket_size,
-        num_replicas=world[1],
-        rank=world[0],
-        pin_memory=device.type == "cuda",
-    )
-    valid = make_loader(
-        experiment.valid_pairs, experiment.tokenizer, max_tokens, shuffle=False
-    )
-    extra = dict(
-        metric=experiment.metric,
-        metric_name=experiment.metric_name,
-        log=print if world[0] == 0 else None,
-        run_info={
-            "preset": name,
-            "options": experiment.options,
-            "max_tokens": max_tokens,
-        },
-    )
-    if resume is not None:
-        trainer = Trainer.resume(resume, loader, valid, config=config, **extra)
-    else:
-        model = Transformer(experiment.model_config)
-        trainer = Trainer(model, config, loader, valid, experiment.tokenizer, **extra)
+    trainer = _trainer(experiment, config, name, max_tokens, resume, device, world)
     if args.grad_checkpointing:
         enable_grad_checkpointing(trainer.model)
     if world[0] == 0:
-        threads = (
-            f", {torch.get_num_threads()} CPU thread(s)" if device.type == "cpu" else ""
-        )
-        print(
-            f"training {name} on {device}{threads}"
-            + (f" x {world[1]} processes" if world[1] > 1 else "")
-            + f": {trainer.model.num_parameters():,} parameters, from step {trainer.step} to {config.steps}"
-        )
+        print(_first_line(trainer, name, device, world, config.steps))
     start = time.perf_counter()
     history = trainer.fit()
     if world[0] == 0:
@@ -425,6 +402,64 @@ def _train_config(
     )
 
 
+def _trainer(
+    experiment: Experiment,
+    config: TrainConfig,
+    name: str,
+    max_tokens: int,
+    resume: Path | None,
+    device: torch.device,
+    world: tuple[int, int],
+) -> Trainer:
+    """A new Trainer for the experiment, or the resumed run's."""
+    loader = make_loader(
+        experiment.train_pairs,
+        experiment.tokenizer,
+        max_tokens,
+        seed=config.seed,
+        bucket_size=experiment.bucket_size,
+        num_replicas=world[1],
+        rank=world[0],
+        pin_memory=device.type == "cuda",
+    )
+    valid = make_loader(
+        experiment.valid_pairs, experiment.tokenizer, max_tokens, shuffle=False
+    )
+    extra = dict(
+        metric=experiment.metric,
+        metric_name=experiment.metric_name,
+        log=print if world[0] == 0 else None,
+        run_info={
+            "preset": name,
+            "options": experiment.options,
+            "max_tokens": max_tokens,
+        },
+    )
+    if resume is not None:
+        return Trainer.resume(resume, loader, valid, config=config, **extra)
+    model = Transformer(experiment.model_config)
+    return Trainer(model, config, loader, valid, experiment.tokenizer, **extra)
+
+
+def _first_line(
+    trainer: Trainer,
+    name: str,
+    device: torch.device,
+    world: tuple[int, int],
+    steps: int,
+) -> str:
+    """The run's first line: preset, device, processes, parameters and steps."""
+    threads = (
+        f", {torch.get_num_threads()} CPU thread(s)" if device.type == "cpu" else ""
+    )
+    return (
+        f"training {name} on {device}{threads}"
+        + (f" x {world[1]} processes" if world[1] > 1 else "")
+        + f": {trainer.model.num_parameters():,} parameters,"
+        f" from step {trainer.step} to {steps}"
+    )
+
+
 def _last_validation(history: dict[str, list[float]], metric_name: str) -> str:
     if not history["valid_loss"]:
         return ""
@@ -435,7 +470,7 @@ def _last_validation(history: dict[str, list[float]], metric_name: str) -> str:
 
 
 def _average(trainer: Trainer, experiment: Experiment, device: torch.device) -> None:
-    """Write the average of the run's snapshots to averaged.pt, next to last.pt, and score it."""
+    """Write the average of the run's snapshots to averaged.pt, and score it."""
     snapshots = trainer.folder.snapshots()
     if len(snapshots) < 2:
         return
@@ -450,18 +485,18 @@ def _average(trainer: Trainer, experiment: Experiment, device: torch.device) -> 
 def _check_same_run(
     resume: Path | None, name: str, run: dict[str, Any], given: dict[str, Any]
 ) -> None:
-    """A resumed run keeps its preset and the preset's options; name each flag that differs."""
+    """A resumed run keeps its preset and the preset's options; name what differs."""
     if resume is None:
         return
     if "preset" not in run:
         raise ValueError(
-            f"{resume} was not written by `python -m aiayn train` (it names no preset); "
-            f"continue it in Python with Trainer.resume, or start a new run."
+            f"{resume} was not written by `python -m aiayn train` (it names no "
+            f"preset); continue it in Python with Trainer.resume, or start a new run."
         )
     if name != run["preset"]:
         raise ValueError(
-            f"{resume} was trained with the preset {run['preset']!r}, not {name!r}; "
-            f"resume without --task/--preset, or start a new run."
+            f"{resume} was trained with the preset {run['preset']!r}, not "
+            f"{name!r}; resume without --task/--preset, or start a new run."
         )
     changed = [
         f"--{k.replace('_', '-')} {run['options'][k]} there, {v} here"
@@ -470,18 +505,19 @@ def _check_same_run(
     ]
     if changed:
         raise ValueError(
-            f"{resume} was trained on other data: {'; '.join(changed)}. Resume without "
-            f"these flags, or start a new run."
+            f"{resume} was trained on other data: {'; '.join(changed)}. Resume "
+            f"without these flags, or start a new run."
         )
 
 
 # Chapter 14, "Activation checkpointing"
 class _Checkpointed:
-    """Mixin: while training, run the layer's forward under torch.utils.checkpoint (chapter 14)."""
+    """Mixin: while training, run the layer's forward under checkpoint (chapter 14)."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
         if self.training and torch.is_grad_enabled() and kwargs.get("cache") is None:
-            # Keep only the inputs; the backward pass runs forward again (same dropout masks).
+            # Keep only the inputs; the backward pass runs forward again (same
+            # dropout masks).
             return checkpoint(super().forward, *args, use_reentrant=False, **kwargs)
         return super().forward(*args, **kwargs)
 
@@ -490,11 +526,12 @@ _CHECKPOINTED: dict[type, type] = {}
 
 
 def enable_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
-    """Make every EncoderLayer and DecoderLayer of model recompute its activations in the backward pass (chapter 14).
+    """Make every encoder and decoder layer recompute its activations (chapter 14).
 
-    Each layer's class becomes a subclass whose forward wraps the original in
-    torch.utils.checkpoint; parameters and state_dict keys do not change.
-    enable=False undoes it. Returns the number of layers changed.
+    Each EncoderLayer's and DecoderLayer's class becomes a subclass whose forward
+    wraps the original in torch.utils.checkpoint, so that the backward pass
+    recomputes the layer's activations; parameters and state_dict keys do not
+    change. enable=False undoes it. Returns the number of layers changed.
     """
     changed = 0
     for module in model.modules():
@@ -511,9 +548,8 @@ def enable_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
             module.__class__ = _CHECKPOINTED[cls]
             changed += 1
         elif not enable and isinstance(module, _Checkpointed):
-            module.__class__ = cls.__mro__[
-                2
-            ]  # (Checkpointed<Layer>, _Checkpointed, <Layer>, ...)
+            # cls.__mro__ is (Checkpointed<Layer>, _Checkpointed, <Layer>, ...)
+            module.__class__ = cls.__mro__[2]
             changed += 1
     return changed
 
@@ -521,9 +557,10 @@ def enable_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
 def saved_activation_bytes(
     fn: Callable[[], Any], exclude: Iterable[Tensor] = ()
 ) -> int:
-    """Bytes of the distinct tensor storages that autograd keeps for the backward pass of fn() (chapter 14).
+    """Bytes that autograd keeps for the backward pass of fn() (chapter 14).
 
-    Storages of the tensors in exclude (pass the parameters) are not counted.
+    Counts the distinct storages of the saved tensors; storages of the tensors in
+    exclude (pass the parameters) are not counted.
     """
     skip = {t.untyped_storage().data_ptr() for t in exclude}
     kept: dict[int, int] = {}
@@ -535,34 +572,40 @@ def saved_activation_bytes(
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        result = (
-            fn()
-        )  # holds the graph, and so every saved tensor, until they are counted
+        # result holds the graph, and so every saved tensor, until they are counted
+        result = fn()
     del result
     return sum(kept.values())
 
 
 # Chapter 14, "Data parallelism"
 def init_distributed(device: torch.device) -> tuple[int, int]:
-    """Join the process group that torchrun describes in its environment: nccl on CUDA, gloo on CPU (chapter 14).
+    """Join the process group that torchrun describes in its environment (chapter 14).
 
-    Returns (rank, world_size); (0, 1) in a process that torchrun did not start.
+    The backend is nccl on CUDA, gloo on a CPU. Returns (rank, world_size); (0, 1)
+    in a process that torchrun did not start.
     """
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1
+    _check_distributed(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # env:// from torchrun
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _check_distributed(device: torch.device) -> None:
+    """Refuse the setups that cannot join a process group."""
     if not dist.is_available():
         raise ValueError(
-            "WORLD_SIZE > 1, but this PyTorch has no torch.distributed; run a single process."
+            "WORLD_SIZE > 1, but this PyTorch has no torch.distributed; run a single "
+            "process."
         )
     if device.type == "mps":
         raise ValueError(
-            "DistributedDataParallel does not run on MPS; use --device cpu under torchrun."
+            "DistributedDataParallel does not run on MPS; use --device cpu under "
+            "torchrun."
         )
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend="nccl" if device.type == "cuda" else "gloo"
-    )  # env:// from torchrun
-    return dist.get_rank(), dist.get_world_size()
