@@ -109,34 +109,33 @@ def synthetic_pairs(
     max_len: int = 10,
     seed: int = 0,
 ) -> list[tuple[str, str]]:
-    """n random strings of the symbols "0" .. str(n_symbols - 1) and their copies or reversals (chapter 13).
+    """n random strings of symbols, and their copies or reversals (chapter 13).
 
-    Lengths are uniform in [min_len, max_len]; the same seed gives the same pairs on
-    every machine, and a larger n only appends pairs. A string is its symbols
-    separated by spaces, e.g. ("3 1 4", "4 1 3").
+    The symbols are "0" .. str(n_symbols - 1); lengths are uniform in [min_len,
+    max_len]; the same seed gives the same pairs on every machine, and a larger n
+    only appends pairs. A string is its symbols separated by spaces, e.g.
+    ("3 1 4", "4 1 3").
     """
     _check_task(task, n, n_symbols, min_len, max_len)
     g = torch.Generator().manual_seed(seed)
     pairs = []
-    for _ in range(
-        n
-    ):  # one pair after the other: the first k of n pairs are the k pairs of the seed
+    # one pair after the other: the first k of n pairs are the k pairs of the seed
+    for _ in range(n):
         length = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
-        source = [
-            str(s) for s in torch.randint(n_symbols, (length,), generator=g).tolist()
-        ]
+        symbols = torch.randint(n_symbols, (length,), generator=g).tolist()
+        source = [str(s) for s in symbols]
         target = source if task == "copy" else source[::-1]
         pairs.append((" ".join(source), " ".join(target)))
     return pairs
 
 
 def synthetic_tokenizer(n_symbols: int = 10) -> SymbolTokenizer:
-    """The tokenizer of synthetic_pairs: pad, bos, eos, unk, then "0" .. str(n_symbols - 1) (chapter 13)."""
+    """The tokenizer of synthetic_pairs: pad, bos, eos, unk, symbols (chapter 13)."""
     return SymbolTokenizer([str(i) for i in range(n_symbols)])
 
 
 def encode_pairs(tokenizer: Any, pairs: Iterable[tuple[str, str]]) -> Pairs:
-    """Text pairs -> pairs of token ids, without start and end tokens (chapters 11, 13)."""
+    """Text pairs -> pairs of token ids, without bos and eos (chapters 11, 13)."""
     return [
         (tokenizer.encode(source), tokenizer.encode(target)) for source, target in pairs
     ]
@@ -154,7 +153,7 @@ def make_loader(
     drop_last: bool = False,
     pin_memory: bool = False,
 ) -> DataLoader:
-    """A DataLoader of Batches of at most max_tokens positions, this rank's share under DDP (chapters 11, 13).
+    """Batches of at most max_tokens positions, this rank's share (chapters 11, 13).
 
     bucket_size is TokenBatchSampler's: None sorts all examples by length (least
     padding), 1 does not sort (batches of mixed lengths).
@@ -172,7 +171,8 @@ def make_loader(
         rank=rank,
         bucket_size=bucket_size,
     )
-    # A generator of its own: starting an epoch then draws nothing from the global RNG.
+    # A generator of its own: starting an epoch then draws nothing from the
+    # global RNG.
     return DataLoader(
         pairs,
         batch_sampler=sampler,
@@ -202,22 +202,15 @@ def _check_task(task: str, n: int, n_symbols: int, min_len: int, max_len: int) -
 # Chapter 13, "Greedy decoding and exact match"
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
-    """The most likely next token, step by step, recomputing the whole prefix each time (chapter 13).
+    """The most likely next token, step by step, from the whole prefix (chapter 13).
 
-    The reference that chapter 15's fast decoders must agree with. Runs the model
-    in eval mode (and restores its mode). Returns long [batch, n], n <= max_len:
-    the tokens after the start token; a row ends with its first eos and then
-    pad_id; a row that reaches max_len tokens without eos has none. Stops as soon
-    as every row has its eos.
+    The reference that chapter 15's fast decoders must agree with: it recomputes
+    the whole prefix at each step. Runs the model in eval mode (and restores its
+    mode). Returns long [batch, n], n <= max_len: the tokens after the start
+    token; a row ends with its first eos and then pad_id; a row that reaches
+    max_len tokens without eos has none. Stops as soon as every row has its eos.
     """
-    if not isinstance(model, Transformer):
-        raise ValueError(
-            f"greedy_decode takes a Transformer, got {type(model).__name__}."
-        )
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(
-            f"max_len must be an int >= 1 (the most tokens to write), got {max_len!r}."
-        )
+    _check_greedy_decode(model, max_len)
     c = model.config
     with eval_mode(model):
         memory = model.encode(src)  # checks src: [batch, src_len, d_model]
@@ -226,24 +219,33 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
         )  # [batch, 1]
         done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)  # [batch]
         for _ in range(max_len):
-            logits = model.decode(
-                tokens, memory, src
-            )  # the whole prefix again: [batch, t, V]
+            # the whole prefix again: [batch, t, V]
+            logits = model.decode(tokens, memory, src)
             next_token = logits[:, -1].argmax(dim=-1)  # [batch]
-            next_token = next_token.masked_fill(
-                done, c.pad_id
-            )  # finished rows: padding
+            # finished rows: padding
+            next_token = next_token.masked_fill(done, c.pad_id)
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # [batch, t + 1]
             done |= next_token == c.eos_id
-            if bool(
-                done.all()
-            ):  # the reference reads the flag every step; chapter 15 need not
+            # the reference reads the flag every step; chapter 15 need not
+            if bool(done.all()):
                 break
     return tokens[:, 1:]  # without the start token: [batch, n]
 
 
+def _check_greedy_decode(model: Any, max_len: Any) -> None:
+    """greedy_decode's arguments, or a ValueError naming the wrong one."""
+    if not isinstance(model, Transformer):
+        raise ValueError(
+            f"greedy_decode takes a Transformer, got {type(model).__name__}."
+        )
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(
+            f"max_len must be an int >= 1 (the most tokens to write), got {max_len!r}."
+        )
+
+
 def exact_match(model: Transformer, pairs: Pairs, batch_size: int = 500) -> float:
-    """Fraction of pairs whose greedy output is exactly the target and its end token (chapter 13)."""
+    """Fraction of pairs whose greedy output is target and end token (chapter 13)."""
     if len(pairs) == 0:
         raise ValueError("exact_match got no pairs.")
     c = model.config
@@ -266,7 +268,10 @@ AMP_MODES = ("auto", "bf16", "fp16", "off")
 
 
 def pick_device(name: str = "auto") -> torch.device:
-    """The device to train on: "auto" is cuda, else mps, else cpu; a bare "cuda" is cuda:LOCAL_RANK under torchrun (chapter 13)."""
+    """The device to train on: "auto" is cuda, else mps, else cpu (chapter 13).
+
+    A bare "cuda" is cuda:LOCAL_RANK under torchrun.
+    """
     if name == "auto":
         name = (
             "cuda"
@@ -281,22 +286,25 @@ def pick_device(name: str = "auto") -> torch.device:
         raise ValueError(
             f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps."
         ) from None
-    if (
-        device.type == "cuda" and device.index is None
-    ):  # torchrun names each process's GPU in LOCAL_RANK
+    # torchrun names each process's GPU in LOCAL_RANK
+    if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     _check_device(name, device)
     return device
 
 
 def autocast_dtype(amp: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of an amp setting: "auto" is bf16 on GPUs built for it, fp16 on older GPUs, off elsewhere (chapter 13)."""
+    """The autocast dtype of an amp setting; None for float32 (chapter 13).
+
+    "auto" is bf16 on GPUs built for it, fp16 on older GPUs, off elsewhere.
+    """
     if amp not in AMP_MODES:
         raise ValueError(f"amp must be one of {AMP_MODES}, got {amp!r}.")
     if amp == "auto":
         if device.type != "cuda":
             return None
-        # bfloat16 units came with compute capability 8 (A100); a T4 (7.5) only emulates them.
+        # bfloat16 units came with compute capability 8 (A100); a T4 (7.5) only
+        # emulates them.
         return (
             torch.bfloat16
             if torch.cuda.get_device_capability(device)[0] >= 8
@@ -306,7 +314,7 @@ def autocast_dtype(amp: str, device: torch.device) -> torch.dtype | None:
 
 
 def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """torch.autocast with the dtype of an amp setting, or nothing when that is off (chapter 13)."""
+    """torch.autocast in the dtype of an amp setting, or nothing (chapter 13)."""
     dtype = autocast_dtype(amp, device)
     return (
         contextlib.nullcontext()
@@ -316,15 +324,16 @@ def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManage
 
 
 def _check_device(name: str, device: torch.device) -> None:
-    """A device that this PyTorch can train on, or a ValueError saying what to use instead."""
+    """A device that this PyTorch can train on, or a ValueError saying what to use."""
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
-            f"device {name!r} asked for, but this PyTorch sees no CUDA GPU; use auto or cpu."
+            f"device {name!r} asked for, but this PyTorch sees no CUDA GPU; use auto "
+            "or cpu."
         )
     if device.type == "cuda" and device.index >= torch.cuda.device_count():
         raise ValueError(
-            f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
-            f"numbered from 0."
+            f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA "
+            f"GPU(s), numbered from 0."
         )
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(
@@ -336,7 +345,10 @@ def _check_device(name: str, device: torch.device) -> None:
 
 # Chapter 13, "Skipping an update that went wrong"
 def make_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler:
-    """A GradScaler: loss scaling for float16; in other precisions only its skip of inf/NaN updates (chapter 13)."""
+    """A GradScaler: loss scaling for float16, the skip of inf/NaN updates (chapter 13).
+
+    In other precisions than float16 the scaler only skips those updates.
+    """
     if autocast_dtype(amp, device) == torch.float16:
         return torch.amp.GradScaler(device.type)
     # A scale of 1 that does not grow: the gradients are unchanged, and an update
@@ -345,7 +357,10 @@ def make_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler:
 
 
 def clip_gradients(params: Iterable[Tensor], max_norm: float | None) -> Tensor:
-    """The global gradient norm before clipping; with max_norm, the gradients scaled down to at most it (chapter 13)."""
+    """The global gradient norm before clipping (chapter 13).
+
+    With max_norm, the gradients are scaled down to a norm of at most max_norm.
+    """
     params = list(params)
     if max_norm is not None:
         return nn.utils.clip_grad_norm_(params, max_norm)
@@ -356,7 +371,7 @@ def clip_gradients(params: Iterable[Tensor], max_norm: float | None) -> Tensor:
 # Chapter 13, "The configuration"
 @dataclass(frozen=True)
 class TrainConfig:
-    """How to train: length, schedule, loss, precision, logging and checkpoints (chapter 13).
+    """How to train: length, schedule, loss, precision, logs, checkpoints (chapter 13).
 
     Args:
         steps: optimizer updates to reach; each reads accum_steps batches.
@@ -364,13 +379,17 @@ class TrainConfig:
         label_smoothing: eps_ls of chapter 12 (the paper: 0.1).
         clip_norm: largest global gradient norm, or None for no clipping.
         accum_steps: batches whose gradients add up to one update.
-        amp: autocast precision, "auto", "bf16", "fp16" (with loss scaling) or "off".
+        amp: autocast precision, "auto", "bf16", "fp16" (with loss scaling) or
+            "off".
         compile: run the model through torch.compile (chapter 14).
         eval_every, log_every, checkpoint_every: periods in steps (0: never); the
             last step always logs, validates and checkpoints.
-        checkpoint_dir: the run's folder (last.pt, snapshots, metrics.jsonl), or None.
-        keep_checkpoints: model snapshots step_N.pt kept for averaging (the paper: 5).
-        overwrite: let a new run delete the checkpoints of another run in checkpoint_dir.
+        checkpoint_dir: the run's folder (last.pt, snapshots, metrics.jsonl), or
+            None.
+        keep_checkpoints: model snapshots step_N.pt kept for averaging (the paper:
+            5).
+        overwrite: let a new run delete the checkpoints of another run in
+            checkpoint_dir.
         seed: seed of dropout (plus the rank under DDP).
         device: "auto", "cpu", "cuda", "cuda:N" or "mps".
         progress: show a tqdm progress bar.
@@ -395,7 +414,7 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        check_train_config(self)  # in the next cell: refuses settings that cannot train
+        check_train_config(self)  # below: refuses settings that cannot train
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain values, for a checkpoint."""
@@ -423,7 +442,7 @@ RECIPE_FIELDS = (
 
 
 def check_train_config(c: TrainConfig) -> None:
-    """Refuse a TrainConfig that cannot train, naming the field and what it must be (chapter 13)."""
+    """Refuse a TrainConfig that cannot train, naming the field (chapter 13)."""
     for name, low in (
         ("steps", 1),
         ("warmup", 1),
@@ -454,7 +473,8 @@ def check_train_config(c: TrainConfig) -> None:
         not isinstance(c.clip_norm, (int, float)) or not c.clip_norm > 0
     ):
         raise ValueError(
-            f"clip_norm must be a positive number or None (no clipping), got {c.clip_norm!r}."
+            "clip_norm must be a positive number or None (no clipping), got "
+            f"{c.clip_norm!r}."
         )
     if c.amp not in AMP_MODES:
         raise ValueError(f"amp must be one of {AMP_MODES}, got {c.amp!r}.")
@@ -462,10 +482,11 @@ def check_train_config(c: TrainConfig) -> None:
 
 # Chapter 13, "The trainer"
 class Batches:
-    """The batches of a loader, epoch after epoch, and where they stand: epoch and batches read (chapter 13).
+    """The batches of a loader, epoch after epoch, and where they stand (chapter 13).
 
-    Before each epoch, set_epoch(epoch) is called on the loader or its batch sampler,
-    so that it shuffles anew; for an exact resume the order must depend on nothing else.
+    The position is the epoch and the batches read in it. Before each epoch,
+    set_epoch(epoch) is called on the loader or its batch sampler, so that it
+    shuffles anew; for an exact resume the order must depend on nothing else.
     """
 
     def __init__(self, loader: Iterable[Batch]) -> None:
@@ -488,17 +509,17 @@ class Batches:
 
     def _open(self) -> None:
         """Start the epoch's batches, skipping those read before a checkpoint."""
-        for part in {
-            id(p): p for p in (self.loader, getattr(self.loader, "batch_sampler", None))
-        }.values():
+        parts = (self.loader, getattr(self.loader, "batch_sampler", None))
+        for part in {id(p): p for p in parts}.values():
             if callable(getattr(part, "set_epoch", None)):
                 part.set_epoch(self.epoch)
         self._iterator = iter(self.loader)
         for read in range(self.position):
             if next(self._iterator, None) is None:
                 raise ValueError(
-                    f"cannot resume: epoch {self.epoch} of the training data has {read} batches, but "
-                    f"the checkpoint was taken after {self.position}; resume with the same data."
+                    f"cannot resume: epoch {self.epoch} of the training data has "
+                    f"{read} batches, but the checkpoint was taken after "
+                    f"{self.position}; resume with the same data."
                 )
 
     def state_dict(self) -> dict[str, int]:
@@ -506,13 +527,24 @@ class Batches:
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Go back to a position: reopen its epoch now and skip the batches already read."""
+        """Go back to a position: reopen its epoch, skip the batches already read."""
         self.epoch, self.position = state["epoch"], state["position"]
         self._open()
 
 
+_HISTORY_KEYS = (
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "valid_step",
+    "valid_loss",
+    "metric",
+)
+
+
 class TrainingLog:
-    """A run's numbers: kept in history, printed, appended to metrics.jsonl and TensorBoard (chapter 13).
+    """A run's numbers: history, printed lines, metrics.jsonl, TensorBoard (chapter 13).
 
     The losses stay on the device until flush() reads a block of them at once, so
     that a GPU is not stopped at every step to hand one number to the CPU.
@@ -522,24 +554,10 @@ class TrainingLog:
         self, say: Callable[[str], Any] | None, folder: Path | None = None
     ) -> None:
         self.say_to, self.folder = say, folder
-        self.history: dict[str, list[float]] = {
-            key: []
-            for key in (
-                "step",
-                "loss",
-                "lr",
-                "grad_norm",
-                "valid_step",
-                "valid_loss",
-                "metric",
-            )
-        }
+        self.history: dict[str, list[float]] = {key: [] for key in _HISTORY_KEYS}
         self.tokens = 0  # source and target tokens trained on, all processes together
         self._pending: list[tuple[int, Tensor, float, Tensor, Tensor]] = []
-        self._clock = (
-            time.perf_counter(),
-            0,
-        )  # time and tokens at the last printed line
+        self._clock = (time.perf_counter(), 0)  # time and tokens at the last line
         self._bar: Any = None
         self._board: Any = None
 
@@ -552,7 +570,7 @@ class TrainingLog:
             self._bar.update(1)
 
     def flush(self) -> None:
-        """Move the pending updates into history and metrics.jsonl, with one read from the device."""
+        """Move the pending updates into history and metrics.jsonl, with one read."""
         if not self._pending:
             return
         values = torch.stack(
@@ -571,7 +589,7 @@ class TrainingLog:
         self.write(rows)
 
     def line(self, step: int) -> None:
-        """Print the last update's numbers and the tokens per second since the last line."""
+        """Print the last update's numbers and the tokens per second since then."""
         now = time.perf_counter()
         speed = (self.tokens - self._clock[1]) / max(now - self._clock[0], 1e-9)
         self._clock = (now, self.tokens)
@@ -607,7 +625,7 @@ class TrainingLog:
             self._bar.write(message) if self._bar is not None else self.say_to(message)
 
     def write(self, rows: list[dict[str, float]]) -> None:
-        """Append rows to the folder's metrics.jsonl, and to TensorBoard if it is installed."""
+        """Append rows to metrics.jsonl, and to TensorBoard if it is installed."""
         if self.folder is None:
             return
         with open(self.folder / "metrics.jsonl", "a", encoding="utf-8") as f:
@@ -626,7 +644,7 @@ class TrainingLog:
 
     @contextlib.contextmanager
     def progress(self, total: int, start: int, show: bool) -> Iterator[None]:
-        """A progress bar while inside (if show and there is somewhere to log); flushes at the end."""
+        """A progress bar while inside (if show, and logging); flush at the end."""
         if show and self.say_to is not None:
             self._bar = tqdm(
                 total=total, initial=start, unit="step", dynamic_ncols=True
@@ -653,7 +671,7 @@ class TrainingLog:
 
 
 class Trainer:
-    """The training loop: accumulate, clip, step; log, validate and checkpoint on the way (chapter 13).
+    """The training loop: accumulate, clip, step; log, validate, save (chapter 13).
 
     Args:
         model: the Transformer to train (moved to the configured device).
@@ -662,9 +680,10 @@ class Trainer:
             resume its order must depend only on the epoch, as make_loader's does.
         valid_loader: Batches for the validation loss, or None.
         tokenizer: stored in the checkpoints, or None.
-        metric: metric(model) -> float at each validation (e.g. exact match), or None;
-            metric_name names it in the log.
-        log: where log lines go (print by default, None for none); under DDP rank 0 logs.
+        metric: metric(model) -> float at each validation (e.g. exact match), or
+            None; metric_name names it in the log.
+        log: where log lines go (print by default, None for none); under DDP rank 0
+            logs.
         run_info: plain values kept with the run's checkpoints (chapter 14 keeps the
             command line's preset there).
     """
@@ -699,49 +718,48 @@ class Trainer:
         self.batches = Batches(train_loader)
         self.valid_loader, self.tokenizer = valid_loader, tokenizer
         self.metric = None if metric is None else (metric_name, metric)
-        self.folder = (
-            None if config.checkpoint_dir is None else RunFolder(config.checkpoint_dir)
-        )
-        self.log = TrainingLog(
-            log if rank == 0 else None,
-            self.folder.path if self.folder is not None and rank == 0 else None,
-        )
-        self.run = {
-            "id": uuid.uuid4().hex[:12],
-            **(run_info or {}),
-        }  # who writes into the folder
+        self._open_log(log, rank, run_info)
         self.step = 0  # optimizer updates done
         torch.manual_seed(
             config.seed + rank
         )  # dropout; the weights came with the model
 
+    def _open_log(
+        self, log: Callable[[str], Any] | None, rank: int, run_info: dict | None
+    ) -> None:
+        folder = self.config.checkpoint_dir
+        self.folder = None if folder is None else RunFolder(folder)
+        self.log = TrainingLog(
+            log if rank == 0 else None,
+            self.folder.path if self.folder is not None and rank == 0 else None,
+        )
+        # who writes into the folder
+        self.run = {"id": uuid.uuid4().hex[:12], **(run_info or {})}
+
     @property
     def history(self) -> dict[str, list[float]]:
-        """Per update its step, loss, rate and gradient norm; per validation its step, loss and metric."""
+        """Per update: step, loss, rate, grad norm; per validation: loss, metric."""
         self.log.flush()
         return self.log.history
 
     def train_step(self) -> None:
-        """One update from accum_steps batches: the mean loss per target token of all of them (chapter 13)."""
+        """One update from accum_steps batches: loss per target token (chapter 13)."""
         batches = [
             to_device(next(self.batches), self.device, self.model.config)
             for _ in range(self.config.accum_steps)
         ]
-        counts = count_tokens(
-            batches, self.model.config.pad_id
-        )  # [target, source] tokens, all processes
+        # [target, source] tokens, all processes
+        counts = count_tokens(batches, self.model.config.pad_id)
         n_target = counts[0].clamp(min=1).float()
-        share = (
-            n_target / world()[1]
-        )  # DDP averages over the processes: each divides by its share
+        # DDP averages over the processes: each divides by its share
+        share = n_target / world()[1]
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             with gradient_sync(self.module, last=i == len(batches) - 1):
                 with autocast(self.config.amp, self.device):
                     logits = self.module(batch.src, batch.tgt_in)  # [batch, tgt_len, V]
-                loss = self.criterion(
-                    logits, batch.tgt_out
-                )  # summed over the real target tokens
+                # summed over the real target tokens
+                loss = self.criterion(logits, batch.tgt_out)
                 self.scaler.scale(loss / share).backward()
             loss_sum += loss.detach()
         self.scaler.unscale_(self.optimizer)  # the true gradients, for clipping
@@ -752,13 +770,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
-        self.log.record(
-            self.step,
-            _sum_over_processes(loss_sum) / n_target,
-            lr,
-            grad_norm,
-            counts.sum(),
-        )
+        mean_loss = _sum_over_processes(loss_sum) / n_target
+        self.log.record(self.step, mean_loss, lr, grad_norm, counts.sum())
 
     @property
     def criterion(self) -> LabelSmoothingLoss:
@@ -770,10 +783,11 @@ class Trainer:
         )
 
     def fit(self) -> dict[str, list[float]]:
-        """Train until config.steps updates, logging, validating and checkpointing on the way (chapter 13).
+        """Train until config.steps updates; log, validate, checkpoint (chapter 13).
 
-        Returns the history. A first Ctrl-C (SIGINT) or SIGTERM lets the update finish,
-        saves a checkpoint and raises TrainingInterrupted; a second one stops at once.
+        Returns the history. A first Ctrl-C (SIGINT) or SIGTERM lets the update
+        finish, saves a checkpoint and raises TrainingInterrupted; a second one
+        stops at once.
         """
         c = self.config
         self.model.train()
@@ -795,7 +809,7 @@ class Trainer:
         return self.history
 
     def _after_step(self) -> None:
-        """Log, validate and checkpoint when their periods come round; the last step does all three."""
+        """Log, validate and checkpoint when due; the last step does all three."""
         c, final = self.config, self.step == self.config.steps
 
         def due(every: int) -> bool:
@@ -810,11 +824,8 @@ class Trainer:
             self.validate()
         if self.folder is not None and due(c.checkpoint_every):
             self.save_checkpoint()
-            if (
-                c.keep_checkpoints
-                and c.checkpoint_every
-                and self.step % c.checkpoint_every == 0
-            ):
+            periodic = c.checkpoint_every and self.step % c.checkpoint_every == 0
+            if c.keep_checkpoints and periodic:
                 snapshot = checkpoint_dict(self.model, self.tokenizer)
                 self.folder.snapshot(snapshot, self.step, c.keep_checkpoints)
 
@@ -825,15 +836,18 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, loader: Iterable[Batch] | None = None) -> float:
-        """Mean loss per target token (label-smoothed, as in training) over loader, by default the validation batches (chapter 13)."""
+        """Mean loss per target token over loader, as in training (chapter 13).
+
+        The loss is label-smoothed; loader is by default the validation batches.
+        """
         loader = self.valid_loader if loader is None else loader
         if loader is None:
             raise ValueError(
-                "evaluate needs batches: pass a loader, or give the Trainer a valid_loader."
+                "evaluate needs batches: pass a loader, or give the Trainer a "
+                "valid_loader."
             )
-        total = torch.zeros(
-            2, dtype=torch.float64, device=self.device
-        )  # [loss sum, target tokens]
+        # [loss sum, target tokens]
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
         with eval_mode(self.model), _forked_rng(self.device):
             for batch in loader:
                 batch = to_device(batch, self.device, self.model.config)
@@ -845,7 +859,7 @@ class Trainer:
         return loss_sum / max(count, 1.0)
 
     def validate(self) -> None:
-        """Validation loss and metric, into the history and the log; on rank 0 only (chapter 13)."""
+        """Validation loss and metric, into the log; on rank 0 only (chapter 13)."""
         if world()[0] != 0 or (self.valid_loader is None and self.metric is None):
             return
         loss = self.evaluate() if self.valid_loader is not None else math.nan
@@ -857,7 +871,11 @@ class Trainer:
 
     # Chapter 13, "Checkpoints"
     def state_dict(self) -> dict[str, Any]:
-        """All a run needs to go on exactly: optimizer, schedule, data position, random states, log (chapter 13)."""
+        """All a run needs to go on exactly (chapter 13).
+
+        The optimizer, the schedule, the scaler, the data position, the random
+        states and the log.
+        """
         rngs = [rng_state(self.device)]
         if world()[1] > 1:  # every process must call this
             rngs = [None] * world()[1]
@@ -880,24 +898,22 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a state_dict(): the optimizer and the rest; the data, then the random numbers (chapter 13)."""
+        """Continue from a state_dict(): data, then random numbers (chapter 13)."""
         self.run, self.step = dict(state["run"]), state["step"]
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.log.load_state_dict(state)
-        self.batches.load_state_dict(
-            state["data"]
-        )  # reopens the epoch, which may draw random numbers,
-        set_rng_state(
-            state["rng"][world()[0] % len(state["rng"])], self.device
-        )  # so these come last
+        # reopens the epoch, which may draw random numbers, so these come last:
+        self.batches.load_state_dict(state["data"])
+        set_rng_state(state["rng"][world()[0] % len(state["rng"])], self.device)
 
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path | None:
-        """Write the model, tokenizer and state_dict() to path (default: the folder's last.pt), atomically (chapter 13).
+        """Write the model, tokenizer and state_dict() to path, atomically (chapter 13).
 
-        Refuses weights that hold NaN or inf. Under DDP every process must call it; rank 0
-        writes the file and returns its path, the others return None.
+        path is by default the folder's last.pt. Refuses weights that hold NaN or
+        inf. Under DDP every process must call it; rank 0 writes the file and
+        returns its path, the others return None.
         """
         check_finite(self, weights=True)
         state = self.state_dict()
@@ -913,7 +929,10 @@ class Trainer:
         )
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
-        """Continue from a checkpoint of save_checkpoint, if its model, recipe and data are this trainer's (chapter 13)."""
+        """Continue from a checkpoint of save_checkpoint, if it fits (chapter 13).
+
+        Its model, recipe and data must be this trainer's.
+        """
         self._load(read_checkpoint(path), path)
 
     def _load(self, saved: dict[str, Any], path: str | os.PathLike) -> None:
@@ -930,9 +949,11 @@ class Trainer:
         config: TrainConfig | None = None,
         **kwargs: Any,
     ) -> Trainer:
-        """A Trainer rebuilt from a checkpoint: its model, tokenizer, TrainConfig (unless given) and state (chapter 13).
+        """A Trainer rebuilt from a checkpoint (chapter 13).
 
-        kwargs are the Trainer's other arguments (metric, log, metric_name, run_info).
+        The file gives the model, the tokenizer, the TrainConfig (unless given) and
+        the state. kwargs are the Trainer's other arguments (metric, log,
+        metric_name, run_info).
         """
         saved = read_checkpoint(path)
         training = saved.get("training")
@@ -940,18 +961,18 @@ class Trainer:
             config = TrainConfig.from_dict(training["train_config"])
         if config is None:
             raise ValueError(
-                f"{path} holds no training state; start a new Trainer from its weights instead."
+                f"{path} holds no training state; start a new Trainer from its "
+                "weights instead."
             )
-        model, tokenizer = model_from_checkpoint(
-            saved
-        )  # the weights; _load adds the rest
+        # the weights; _load adds the rest
+        model, tokenizer = model_from_checkpoint(saved)
         trainer = cls(model, config, train_loader, valid_loader, tokenizer, **kwargs)
         trainer._load(saved, path)
         return trainer
 
 
 def world() -> tuple[int, int]:
-    """(rank, world_size) of this process: (0, 1) unless a process group runs (chapters 13, 14)."""
+    """(rank, world_size) of this process; (0, 1) without DDP (chapters 13, 14)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -960,7 +981,7 @@ def world() -> tuple[int, int]:
 def _training_module(
     model: nn.Module, device: torch.device, distributed: bool, compile: bool
 ) -> nn.Module:
-    """What the loop calls: the model, wrapped by DDP under torchrun, compiled if asked (chapter 14)."""
+    """What the loop calls: the model, in DDP under torchrun, compiled (chapter 14)."""
     module = model
     if distributed:  # averages the gradients over the processes during backward()
         module = DistributedDataParallel(
@@ -977,27 +998,31 @@ def _check_trainer_inputs(model: Any, config: Any, run_info: Any) -> None:
         raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}.")
     if run_info is not None and not isinstance(run_info, dict):
         raise ValueError(
-            f"run_info must be a dict of plain values or None, got {type(run_info).__name__}."
+            "run_info must be a dict of plain values or None, got "
+            f"{type(run_info).__name__}."
         )
 
 
 def to_device(batch: Batch, device: torch.device, config: TransformerConfig) -> Batch:
-    """Check a batch's ids on the CPU, where it costs nothing, then move it to the device (chapter 13)."""
+    """Check a batch's ids on the CPU, where it costs nothing; move it (chapter 13)."""
     if not isinstance(batch, Batch):
         raise ValueError(
-            f"the loaders must yield aiayn.batching.Batch, got {type(batch).__name__}; use "
-            f"make_loader, or a DataLoader with collate_fn=Collator(...)."
+            "the loaders must yield aiayn.batching.Batch, got "
+            f"{type(batch).__name__}; use make_loader, or a DataLoader with "
+            "collate_fn=Collator(...)."
         )
-    if (
-        device.type != "cpu"
-    ):  # on an accelerator the model does not read ids back to check them
+    # on an accelerator the model does not read ids back to check them
+    if device.type != "cpu":
         check_token_ids(batch.src, config.src_vocab_size, "source ids")
         check_token_ids(batch.tgt_out, config.tgt_vocab_size, "target ids")
     return batch.to(device, non_blocking=True)
 
 
 def count_tokens(batches: Sequence[Batch], pad_id: int) -> Tensor:
-    """[target tokens, source tokens] of an update's batches, on the device, all processes together (chapter 13)."""
+    """[target tokens, source tokens] of an update, all processes (chapter 13).
+
+    The counts stay on the device.
+    """
     counts = torch.stack(
         [
             sum((b.tgt_out != pad_id).sum() for b in batches),
@@ -1010,7 +1035,7 @@ def count_tokens(batches: Sequence[Batch], pad_id: int) -> Tensor:
 
 
 def gradient_sync(module: nn.Module, last: bool) -> contextlib.AbstractContextManager:
-    """Under DDP, let only the last backward pass of an update average the gradients (chapter 14)."""
+    """Under DDP, only an update's last backward averages gradients (chapter 14)."""
     return module.no_sync() if world()[1] > 1 and not last else contextlib.nullcontext()
 
 
@@ -1025,7 +1050,7 @@ FLUSH_EVERY = 10  # updates between two reads of their losses from the device
 
 
 def _forked_rng(device: torch.device) -> contextlib.AbstractContextManager:
-    """Random numbers drawn inside are given back: validation leaves dropout's sequence alone."""
+    """Random numbers drawn inside are given back: dropout's sequence stays."""
     if device.type == "cuda":
         return torch.random.fork_rng(devices=[device], device_type="cuda")
     return torch.random.fork_rng(devices=[])
@@ -1033,7 +1058,10 @@ def _forked_rng(device: torch.device) -> contextlib.AbstractContextManager:
 
 # Chapter 13, "Checkpoints"
 def rng_state(device: torch.device) -> dict[str, Tensor]:
-    """The states of the generators that dropout draws from: the CPU's and the device's (chapter 13)."""
+    """The states of the generators that dropout draws from (chapter 13).
+
+    The CPU's, and the device's.
+    """
     state = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
@@ -1052,7 +1080,10 @@ def set_rng_state(state: dict[str, Tensor], device: torch.device) -> None:
 
 
 def data_fingerprint(loader: Iterable[Batch]) -> dict[str, Any]:
-    """What decides a make_loader loader's batches: a hash of its pairs, and its batching settings (chapter 13)."""
+    """What decides a make_loader loader's batches (chapter 13).
+
+    A hash of its pairs, and its batching settings.
+    """
     found: dict[str, Any] = {}
     pairs = getattr(loader, "dataset", None)
     if isinstance(pairs, Sequence):
@@ -1062,12 +1093,8 @@ def data_fingerprint(loader: Iterable[Batch]) -> dict[str, Any]:
         found.update(pairs=len(pairs), pairs_sha256=digest.hexdigest()[:16])
     sampler = getattr(loader, "batch_sampler", None)
     if isinstance(sampler, TokenBatchSampler):
-        found.update(
-            {
-                key: getattr(sampler, key)
-                for key in ("max_tokens", "bucket_size", "shuffle", "seed")
-            }
-        )
+        keys = ("max_tokens", "bucket_size", "shuffle", "seed")
+        found.update({key: getattr(sampler, key) for key in keys})
     return found
 
 
@@ -1077,13 +1104,14 @@ TRAINING_VERSION = 2  # of the "training" entry of a checkpoint
 def check_resumable(
     saved: dict[str, Any], trainer: Trainer, path: str | os.PathLike
 ) -> None:
-    """Refuse to continue a checkpoint with another model, recipe or data, naming each difference (chapter 13)."""
+    """Refuse to continue with another model, recipe or data; name each (chapter 13)."""
     training = saved.get("training")
     if not isinstance(training, dict) or training.get("version") != TRAINING_VERSION:
         raise ValueError(
-            f"{path} holds a model but no training state of version {TRAINING_VERSION} (written by "
-            f"Transformer.save, or by another version); to start a new run from its weights, call "
-            f"model.load_weights(path) before creating the Trainer."
+            f"{path} holds a model but no training state of version "
+            f"{TRAINING_VERSION} (written by Transformer.save, or by another "
+            "version); to start a new run from its weights, call "
+            "model.load_weights(path) before creating the Trainer."
         )
     fingerprint = training["data"]["fingerprint"]
     differ = (
@@ -1097,8 +1125,8 @@ def check_resumable(
     )
     if differ:
         raise ValueError(
-            f"{path} comes from another configuration: {'; '.join(differ)}. Resume with the "
-            f"model, recipe and data it was trained with, or start a new run."
+            f"{path} comes from another configuration: {'; '.join(differ)}. Resume "
+            "with the model, recipe and data it was trained with, or start a new run."
         )
 
 
@@ -1118,7 +1146,10 @@ def _differences(
 
 # Chapter 13, "Guards for a long run"
 class RunFolder:
-    """A run's folder: last.pt, the snapshots step_N.pt, averaged.pt, metrics.jsonl and a lock (chapter 13)."""
+    """A run's folder: last.pt, snapshots, averaged.pt, metrics, a lock (chapter 13).
+
+    The snapshots are step_N.pt.
+    """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -1139,7 +1170,7 @@ class RunFolder:
 
     @contextlib.contextmanager
     def claim(self, run_id: str, step: int, overwrite: bool) -> Iterator[None]:
-        """Hold the folder's lock while a run trains into it; refuse a folder of another run (chapter 13)."""
+        """Hold the lock while a run trains; refuse another run's (chapter 13)."""
         with self._lock():
             self._make_room(run_id, step, overwrite)
             yield
@@ -1148,13 +1179,12 @@ class RunFolder:
     def _lock(self) -> Iterator[None]:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            handle = open(
-                self.path / ".lock", "a+"
-            )  # also proves that the folder can be written
+            # also proves that the folder can be written
+            handle = open(self.path / ".lock", "a+")
         except OSError as err:
             raise ValueError(
-                f"cannot write checkpoints to {self.path}: {err.strerror or err}; choose "
-                f"a writable checkpoint_dir."
+                f"cannot write checkpoints to {self.path}: {err.strerror or err}; "
+                "choose a writable checkpoint_dir."
             ) from None
         with handle:
             try:
@@ -1167,8 +1197,9 @@ class RunFolder:
             except BlockingIOError:
                 handle.seek(0)
                 raise ValueError(
-                    f"another process (pid {handle.read().strip() or '?'}) is training into "
-                    f"{self.path}; wait for it to finish, or choose another checkpoint_dir."
+                    f"another process (pid {handle.read().strip() or '?'}) is training "
+                    f"into {self.path}; wait for it to finish, or choose another "
+                    "checkpoint_dir."
                 ) from None
             handle.seek(0)
             handle.truncate()
@@ -1177,7 +1208,10 @@ class RunFolder:
             yield
 
     def _make_room(self, run_id: str, step: int, overwrite: bool) -> None:
-        """A new run needs a folder without another run (or overwrite); a resumed one drops its lost future."""
+        """A new run needs a folder without another run (or overwrite).
+
+        A resumed one drops its lost future: the snapshots and metrics after its step.
+        """
         files = [
             p
             for p in (self.last, *self.snapshots(), self.averaged, self.metrics)
@@ -1192,9 +1226,10 @@ class RunFolder:
                     else f"{len(files)} checkpoint file(s)"
                 )
                 raise ValueError(
-                    f"{self.path} holds another run ({what}). Continue it with --resume {self.last} "
-                    f"(Trainer.resume), start over with --overwrite (deletes its checkpoints), or "
-                    f"choose another checkpoint_dir."
+                    f"{self.path} holds another run ({what}). Continue it with "
+                    f"--resume {self.last} (Trainer.resume), start over with "
+                    "--overwrite (deletes its checkpoints), or choose another "
+                    "checkpoint_dir."
                 )
             for path in files:
                 path.unlink()
@@ -1211,7 +1246,7 @@ class RunFolder:
 
 
 def _owner_of(path: Path) -> tuple[str, int] | None:
-    """(run id, step) of a training checkpoint, or None if it is unreadable or has neither."""
+    """(run id, step) of a training checkpoint, or None if it has none."""
     try:
         training = read_checkpoint(path).get("training") or {}
     except (ValueError, OSError):
@@ -1220,7 +1255,7 @@ def _owner_of(path: Path) -> tuple[str, int] | None:
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """fit() stopped at a signal, after writing its last complete update to a checkpoint (chapter 13)."""
+    """fit() stopped at a signal, after saving its last complete update (chapter 13)."""
 
     def __init__(
         self, signum: int, step: int, path: Path | None, rank: int = 0
@@ -1249,11 +1284,10 @@ class StopRequest:
 def stop_on_signals(
     signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
 ) -> Iterator[StopRequest]:
-    """Inside, a first SIGINT or SIGTERM only asks to stop; a second one stops at once (chapter 13)."""
+    """Inside, a first SIGINT or SIGTERM asks to stop, a second stops (chapter 13)."""
     request = StopRequest()
-    if (
-        threading.current_thread() is not threading.main_thread()
-    ):  # only it may handle signals
+    # only the main thread may handle signals
+    if threading.current_thread() is not threading.main_thread():
         yield request
         return
 
@@ -1271,10 +1305,11 @@ def stop_on_signals(
 
 
 def anyone_stops(stop: bool, device: torch.device, step: int) -> bool:
-    """Whether any process was asked to stop: under DDP all must stop after the same update (chapter 14).
+    """Whether any process was asked to stop (chapter 14).
 
-    Under DDP the processes compare their flags every FLUSH_EVERY updates: reading the
-    result makes the CPU wait for the device.
+    Under DDP all must stop after the same update; the processes compare their
+    flags every FLUSH_EVERY updates, since reading the result makes the CPU wait
+    for the device.
     """
     if world()[1] == 1:
         return stop
@@ -1286,15 +1321,17 @@ def anyone_stops(stop: bool, device: torch.device, step: int) -> bool:
 
 
 class NonFiniteLoss(RuntimeError):
-    """The loss or the gradients stayed NaN or infinite, or the weights hold a NaN (chapter 13)."""
+    """The loss stayed NaN or infinite, or the weights hold NaN or inf (chapter 13)."""
 
 
 def check_finite(trainer: Trainer, weights: bool = False) -> None:
-    """Stop a run whose last NONFINITE_PATIENCE updates were all skipped, or whose weights hold NaN or inf (chapter 13)."""
+    """Stop a run whose updates all fail, or whose weights hold NaN or inf (chapter 13).
+
+    A run fails when its last NONFINITE_PATIENCE updates were all skipped.
+    """
     h, n, c = trainer.history, NONFINITE_PATIENCE, trainer.config
-    fp16 = (
-        autocast_dtype(c.amp, trainer.device) == torch.float16
-    )  # its scaler skips overflows on purpose
+    # float16's scaler skips overflows on purpose
+    fp16 = autocast_dtype(c.amp, trainer.device) == torch.float16
     bad = [
         not math.isfinite(loss) or not (fp16 or math.isfinite(norm))
         for loss, norm in zip(h["loss"][-n:], h["grad_norm"][-n:])
@@ -1304,6 +1341,11 @@ def check_finite(trainer: Trainer, weights: bool = False) -> None:
     )
     if not broken and (len(bad) < n or not all(bad)):
         return
+    raise NonFiniteLoss(_nonfinite_message(trainer, broken, fp16))
+
+
+def _nonfinite_message(trainer: Trainer, broken: bool, fp16: bool) -> str:
+    c, n = trainer.config, NONFINITE_PATIENCE
     peak = rate(c.warmup, trainer.model.config.d_model, c.warmup, c.factor)
     folder = trainer.folder
     kept = (
@@ -1314,15 +1356,16 @@ def check_finite(trainer: Trainer, weights: bool = False) -> None:
     what = (
         "its weights hold NaN or inf"
         if broken
-        else f"the loss or gradient norm was NaN or inf in the last {n} updates, each one skipped"
+        else f"the loss or gradient norm was NaN or inf in the last {n} updates, "
+        "each one skipped"
     )
     fp16_note = (
         ", or float16's narrow range (amp='fp16'; 'bf16' avoids it)" if fp16 else ""
     )
-    raise NonFiniteLoss(
-        f"training stopped at step {trainer.step}: {what}. Likely causes: a learning rate too high "
-        f"(factor={c.factor}, warmup={c.warmup}: a peak rate of {peak:.2g}), exploding gradients "
-        f"(clip_norm={c.clip_norm}){fp16_note}.{kept}"
+    return (
+        f"training stopped at step {trainer.step}: {what}. Likely causes: a learning "
+        f"rate too high (factor={c.factor}, warmup={c.warmup}: a peak rate of "
+        f"{peak:.2g}), exploding gradients (clip_norm={c.clip_norm}){fp16_note}.{kept}"
     )
 
 
@@ -1330,7 +1373,10 @@ def check_finite(trainer: Trainer, weights: bool = False) -> None:
 def model_from_checkpoint(
     saved: dict[str, Any], state_dict: dict[str, Tensor] | None = None
 ) -> tuple[Transformer, Any]:
-    """A checkpoint's model in eval mode, with its weights (or state_dict), and its tokenizer or None (chapter 13)."""
+    """A checkpoint's model in eval mode, and its tokenizer or None (chapter 13).
+
+    The model gets the checkpoint's weights, or state_dict if given.
+    """
     model = Transformer(TransformerConfig.from_dict(saved["config"]))
     load_state_dict_checked(
         model, saved["state_dict"] if state_dict is None else state_dict
@@ -1344,7 +1390,7 @@ def model_from_checkpoint(
 def load_checkpoint_model(
     path: str | os.PathLike, map_location: str | torch.device | None = None
 ) -> tuple[Transformer, Any]:
-    """The model, in eval mode, and the tokenizer (None if the file has none) of a checkpoint (chapter 13)."""
+    """A checkpoint's model, in eval mode, and its tokenizer or None (chapter 13)."""
     model, tokenizer = model_from_checkpoint(read_checkpoint(path))
     return (model if map_location is None else model.to(map_location)), tokenizer
 
@@ -1352,10 +1398,12 @@ def load_checkpoint_model(
 def average_checkpoints(
     paths: Sequence[str | os.PathLike], map_location: str | torch.device | None = None
 ) -> tuple[Transformer, Any]:
-    """A model whose weights are the mean of the checkpoints' weights, and the first one's tokenizer (chapter 13).
+    """The model of the mean weights of checkpoints, and a tokenizer (chapter 13).
 
-    The paper averages the last 5 checkpoints of the base model and the last 20 of
-    the big one (section 6.1). All files must hold the same architecture.
+    The tokenizer is the first checkpoint's.
+
+    The paper averages the last 5 checkpoints of the base model and the last 20
+    of the big one (section 6.1). All files must hold the same architecture.
     """
     if len(paths) == 0:
         raise ValueError("average_checkpoints needs at least one checkpoint.")
