@@ -1,0 +1,174 @@
+"""The book reads in explained pieces and nothing in it scrolls sideways.
+
+Each chapter's exported code arrives in cells of at most 100 lines (the median at
+most 30), its code and printed outputs fit in 88 columns, its prose is at most about
+4,500 words, and the package's bookkeeping (`__all__`) is generated, never written
+by hand. The formatter and linter are ruff, configured in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import export  # noqa: E402
+
+CHAPTERS = export.chapter_paths()
+TOUR = ROOT / "book" / "tour.md"
+PAGES = [*CHAPTERS, TOUR]  # every page with code
+MAX_TOUR_WORDS = 2000
+WIDTH = 88  # pyproject.toml's [tool.ruff] line-length
+MAX_EXPORT_LINES = 100
+MAX_MEDIAN_EXPORT_LINES = 30
+MAX_WORDS = 4500
+
+
+def pages(among: list[Path] = CHAPTERS) -> list:
+    """The pages as test parameters, named by their file."""
+    return [pytest.param(p, id=p.stem) for p in among]
+
+
+def ruff(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("ruff")), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+
+
+def export_cells(chapter: Path) -> list[str]:
+    nb = jupytext.read(chapter)
+    return [
+        c.source.strip("\n")
+        for c in nb.cells
+        if c.cell_type == "code" and export.EXPORT_TAG in c.metadata.get("tags", [])
+    ]
+
+
+def prose_words(chapter: Path) -> int:
+    """Words of prose in a page: its markdown cells without math, labels and roles."""
+    nb = jupytext.read(chapter)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    text = re.sub(r"\$\$.*?\$\$", " ", text, flags=re.S)  # display math
+    text = re.sub(r"```.*?```", " ", text, flags=re.S)  # directives (math, figures)
+    text = re.sub(r"\$[^$\n]+\$", " ", text)  # inline math
+    text = re.sub(r"\{[a-z]+\}`[^`]*`", " ", text)  # roles: {cite}`...`, {doc}`...`
+    text = re.sub(r"^\(.*\)=$", " ", text, flags=re.M)  # labels
+    return len(re.findall(r"[A-Za-z][A-Za-z'-]*", text))
+
+
+def test_the_package_and_the_notebooks_are_formatted() -> None:
+    result = ruff("format", "--check", "src", "book")
+    assert result.returncode == 0, (
+        f"{result.stdout}{result.stderr}\n"
+        "run python scripts/format_book.py (chapters) or scripts/export.py (package)"
+    )
+
+
+def test_the_linter_passes_apart_from_line_length() -> None:
+    result = ruff("check", "--ignore", "E501", "src", "book")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_generated_entry_points_fit_in_88_columns() -> None:
+    result = ruff(
+        "check", "--select", "E501", "src/aiayn/__init__.py", "src/aiayn/__main__.py"
+    )
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("chapter", pages(PAGES))
+def test_chapter_code_and_its_module_fit_in_88_columns(chapter: Path) -> None:
+    paths = [str(chapter.with_suffix(".ipynb"))]
+    module = export.read_chapter(chapter).module if chapter in CHAPTERS else None
+    if module:
+        paths.append(f"src/aiayn/{module.split('.', 1)[1]}.py")
+    result = ruff("check", "--select", "E501", *paths)
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("chapter", pages(PAGES))
+def test_chapter_outputs_fit_in_88_columns(chapter: Path) -> None:
+    nb = nbformat.read(chapter.with_suffix(".ipynb"), as_version=4)
+    wide = []
+    for k, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            text = output.get("text", "") or output.get("data", {}).get(
+                "text/plain", ""
+            )
+            text = "".join(text) if isinstance(text, list) else text
+            wide += [(k, line) for line in text.splitlines() if len(line) > WIDTH]
+    assert not wide, f"{len(wide)} printed lines over {WIDTH} columns, e.g. {wide[:3]}"
+
+
+@pytest.mark.parametrize("chapter", pages())
+def test_chapter_exports_code_in_cells_of_at_most_100_lines(chapter: Path) -> None:
+    long = [
+        (len(c.splitlines()), c.splitlines()[0])
+        for c in export_cells(chapter)
+        if len(c.splitlines()) > MAX_EXPORT_LINES
+    ]
+    assert not long, f"export cells over {MAX_EXPORT_LINES} lines: {long}"
+
+
+def test_the_median_export_cell_is_at_most_30_lines() -> None:
+    sizes = [len(c.splitlines()) for p in CHAPTERS for c in export_cells(p)]
+    median = statistics.median(sizes)
+    assert median <= MAX_MEDIAN_EXPORT_LINES, f"median export cell: {median} lines"
+
+
+@pytest.mark.parametrize("chapter", pages())
+def test_chapter_prose_is_at_most_4500_words(chapter: Path) -> None:
+    assert prose_words(chapter) <= MAX_WORDS, f"{prose_words(chapter)} words"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_no_chapter_writes_all_by_hand(chapter: Path) -> None:
+    # scripts/export.py refuses such a chapter too; this names it without exporting.
+    for source in export_cells(chapter):
+        assert not re.search(r"^__all__\s*[:=]", source, re.M), (
+            "__all__ is generated by scripts/export.py: remove it from the chapter"
+        )
+
+
+def test_the_tour_is_short_and_defines_nothing_the_chapters_export() -> None:
+    assert prose_words(TOUR) <= MAX_TOUR_WORDS, f"{prose_words(TOUR)} words"
+    exported = {
+        name
+        for p in CHAPTERS
+        for source in export_cells(p)
+        for node in ast.parse(source).body
+        for name in export.assigned_names(node)
+    }
+    nb = jupytext.read(TOUR)
+    defined = {
+        name
+        for c in nb.cells
+        if c.cell_type == "code"
+        for node in ast.parse(c.source).body
+        for name in export.assigned_names(node)
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+    }
+    assert not defined & exported, f"the tour redefines {sorted(defined & exported)}"
+    imports = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "from aiayn" in imports
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_ends_with_its_summary_and_what_the_documents_say(
+    chapter: Path,
+) -> None:
+    headings = re.findall(r"^## (.+?)\s*$", chapter.read_text(encoding="utf-8"), re.M)
+    assert headings[-2:] == ["Summary", "What the documents say"], headings[-3:]
