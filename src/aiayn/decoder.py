@@ -400,7 +400,7 @@ class DecoderLayerCache:
 
     @property
     def seq_len(self) -> int:
-        """Number of target positions processed so far."""
+        """How many target positions the cache has processed so far."""
         return self.self_attn.seq_len
 
     @property
@@ -445,7 +445,7 @@ class DecoderCache:
 
     @property
     def seq_len(self) -> int:
-        """Number of target positions processed so far: the position of the next."""
+        """How many target positions were processed, which is the next position."""
         return self.layers[0].seq_len
 
     @property
