@@ -270,7 +270,7 @@ class Batch:
 
     @property
     def n_tgt_tokens(self) -> int:
-        """Real target tokens in tgt_out, eos included: the loss's denominator."""
+        """The real target tokens in tgt_out (eos included), the loss's denominator."""
         return int((self.tgt_out != self.pad_id).sum())
 
     def src_mask(self) -> Tensor:
