@@ -738,7 +738,10 @@ class Trainer:
 
     @property
     def history(self) -> dict[str, list[float]]:
-        """Per update: step, loss, rate, grad norm; per validation: loss, metric."""
+        """The training history, as lists.
+
+        Step, loss, rate and grad norm per update; loss and metric per validation.
+        """
         self.log.flush()
         return self.log.history
 
