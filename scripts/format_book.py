@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,19 +25,10 @@ from pathlib import Path
 
 import jupytext
 import nbformat
+from export import ruff
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
-
-
-def ruff() -> list[str]:
-    """The command that runs ruff: the executable next to this Python, or on PATH."""
-    local = Path(sys.executable).with_name("ruff")
-    if local.exists():
-        return [str(local)]
-    if shutil.which("ruff"):
-        return ["ruff"]
-    return [sys.executable, "-m", "ruff"]
 
 
 def formatted_sources(sources: list[str]) -> list[str]:
