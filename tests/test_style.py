@@ -107,6 +107,14 @@ def test_chapter_code_and_its_module_fit_in_88_columns(chapter: Path) -> None:
         if len(line) > WIDTH
     ]
     assert not long, f"code lines over {WIDTH} columns: {long[:3]}"
+    # the source too, with each cell's options (captions) as written
+    fenced = re.findall(
+        r"^```\{code-cell\}.*?\n(.*?)^```",
+        chapter.read_text(encoding="utf-8"),
+        re.M | re.S,
+    )
+    long = [line for cell in fenced for line in cell.splitlines() if len(line) > WIDTH]
+    assert not long, f"source lines over {WIDTH} columns: {long[:3]}"
 
 
 @pytest.mark.parametrize("chapter", pages(PAGES))
