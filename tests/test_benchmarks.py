@@ -1,0 +1,48 @@
+"""benchmarks/peers.py runs end to end on a tiny model (its --smoke mode).
+
+Only that it runs and prints its tables is checked, never the timings. The Marian
+rows are expected only where `transformers` is installed (CI does not install it:
+the script must then skip Marian in one line and measure the other two).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+
+def test_peers_smoke_run_prints_every_table() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--smoke"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "## smoke: vocabulary 200, d_model 32" in out
+    assert "parameters: aiayn " in out
+    for title in ("training step", "memory of one training step"):
+        assert f"### smoke: {title}" in out
+    assert out.count("| model | median | min | max | CPU-time median") >= 1
+    assert "| model | median MiB |" in out
+    for model in ("aiayn", "torch.nn"):
+        assert out.count(f"| {model} | ") >= 2, out  # a training row and a memory row
+    if HAVE_TRANSFORMERS:
+        assert "### smoke: greedy decoding" in out
+        assert "### smoke: beam 4 decoding" in out
+        assert out.count("| Marian | ") == 4, out  # training, memory, greedy, beam
+        assert out.count("| aiayn | ") == 4, out
+    else:
+        assert "Marian skipped: transformers is not installed" in out
+        assert "| Marian |" not in out
