@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Choose a trained Multi30k model on the validation set, ship it in float16, score it.
+
+    python scripts/ship_pretrained.py --name multi30k-de-en \\
+        checkpoints/long-dropout01 checkpoints/long-dropout03
+
+Each RUN is a folder written by `python -m aiayn train --preset multi30k-...`. Its
+candidates are last.pt and averaged.pt (the mean of its last snapshots). Every
+candidate is scored by greedy BLEU on the validation set (1,014 sentences), and
+only there; the best one is written to results/NAME/ in float16 with
+`aiayn.data.save_pretrained`. The shipped file is then loaded back the way users
+load it, and scored once on the validation set and on test2016, with greedy and
+beam search. results/NAME/ receives:
+
+    model.pt, tokenizer.json   the shipped model (float16 weights) and its tokenizer
+    scores.json                every candidate's validation BLEU, the choice, the
+                               shipped model's scores with their sacreBLEU
+                               signatures, and how the run was made
+    runs/RUN.metrics.jsonl.gz  each run's log, as the engine wrote it
+    runs/RUN.log               what its training command printed, if RUN.log exists
+
+The digests to put into chapter 16's _PRETRAINED_SHA256 are printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+from aiayn.data import (
+    LONG_RECIPE,
+    encode_text_pairs,
+    evaluate_bleu,
+    load_multi30k,
+    save_pretrained,
+    sha256_file,
+)
+from aiayn.train import load_checkpoint_model, make_loader
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_name() -> str:
+    """The CPU's model name, from /proc/cpuinfo where it exists."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def summarize(run: Path, pairs) -> dict:
+    """A run's name, dropout, last step, passes, validation BLEU by step, and wall time.
+
+    The wall time adds up the parts of a run (one per start or --resume): each part
+    from the creation of its TensorBoard event file (the number in its name) to the
+    last event written to it.
+    """
+    model, tokenizer = load_checkpoint_model(run / "last.pt")
+    config = model.config.to_dict()
+    batches = len(make_loader(encode_text_pairs(tokenizer, pairs), tokenizer, LONG_RECIPE.max_tokens))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    valid = [(r["step"], round(r["valid BLEU"], 2)) for r in rows if "valid BLEU" in r]
+    parts = []
+    for events in sorted((run / "tensorboard").glob("events.out.tfevents.*")):
+        start = int(events.name.split(".")[3])
+        end = max(event.wall_time for event in EventFileLoader(str(events)).Load())
+        parts.append(end - start)
+    steps = max(r["step"] for r in rows)
+    return {
+        "name": run.name,
+        "dropout": config["dropout"],
+        "steps": steps,
+        "passes": round(steps / batches, 2),
+        "valid_greedy_bleu_by_step": valid,
+        "wall_seconds": round(sum(parts), 1),
+        "parts": len(parts),
+    }
+
+
+def bleu(model, tokenizer, pairs, method: str) -> dict:
+    """Corpus BLEU of one decoding method, with the time it took."""
+    start = time.perf_counter()
+    result = evaluate_bleu(model, tokenizer, pairs, method=method)
+    return {
+        "bleu": round(result.score, 2),
+        "signature": result.signature,
+        "lowercase_bleu": round(result.lowercase_score, 2),
+        "lowercase_signature": result.lowercase_signature,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", type=Path, help="run folders of `python -m aiayn train`")
+    p.add_argument("--direction", choices=["de-en", "en-de"], default="de-en", help="default: de-en")
+    p.add_argument("--name", help="results/NAME (default: multi30k-DIRECTION)")
+    p.add_argument("--data-dir", help="the Multi30k directory (default: $AIAYN_MULTI30K_DIR, else the cache)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    p.add_argument("--trained", nargs=3, metavar=("COMMIT", "DATE", "COMMAND"), action="append", default=[],
+                   help="how a run was trained (repeat per run); recorded as given")
+    p.add_argument("--limit", type=int, help="score only the first N sentences of each split (a smoke test)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    direction = args.direction
+    args.name = args.name or f"multi30k-{direction}"
+    train = load_multi30k("train", direction, args.data_dir)
+    valid = load_multi30k("valid", direction, args.data_dir)
+    test = load_multi30k("test2016", direction, args.data_dir)
+    if args.limit:
+        valid, test = valid[: args.limit], test[: args.limit]
+
+    candidates = []
+    for run in args.runs:
+        for file in ("last.pt", "averaged.pt"):
+            path = run / file
+            if not path.is_file():
+                print(f"{path}: missing, skipped", file=sys.stderr)
+                continue
+            model, tokenizer = load_checkpoint_model(path)
+            score = evaluate_bleu(model, tokenizer, valid, method="greedy").score
+            print(f"{path}: validation BLEU (greedy) {score:.2f}", flush=True)
+            candidates.append({"checkpoint": str(path), "valid_greedy_bleu": round(score, 2)})
+    if not candidates:
+        print("no checkpoint to choose from", file=sys.stderr)
+        return 2
+    best = max(candidates, key=lambda c: c["valid_greedy_bleu"])
+    chosen = Path(best["checkpoint"])
+    print(f"chosen on validation: {chosen}", flush=True)
+
+    out = ROOT / "results" / args.name
+    model, tokenizer = load_checkpoint_model(chosen)
+    shipped = save_pretrained(model, tokenizer, out)
+    model, tokenizer = load_checkpoint_model(shipped)  # as pretrained() loads it
+    scores = {
+        split: {method: bleu(model, tokenizer, pairs, method) for method in ("greedy", "beam")}
+        for split, pairs in (("valid", valid), ("test2016", test))
+    }
+    for split, methods in scores.items():
+        for method, s in methods.items():
+            print(f"shipped model, {split}, {method}: BLEU {s['bleu']:.2f} ({s['signature']})")
+
+    runs = out / "runs"  # every candidate run's log: the engine's metrics and its output
+    runs.mkdir(exist_ok=True)
+    summaries = []
+    for run in args.runs:
+        summaries.append(summarize(run, train))
+        metrics = (run / "metrics.jsonl").read_bytes()
+        (runs / f"{run.name}.metrics.jsonl.gz").write_bytes(gzip.compress(metrics, mtime=0))
+        log = run.with_name(run.name + ".log")
+        if log.is_file():
+            shutil.copy(log, runs / f"{run.name}.log")
+    saved = torch.load(chosen, map_location="cpu", weights_only=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    record = {
+        "name": args.name,
+        "chosen": best["checkpoint"],
+        "candidates": candidates,
+        "chosen_on": "greedy BLEU on the validation set (1,014 sentences)",
+        "runs": summaries,
+        "scores": scores,
+        "parameters": model.num_parameters(),
+        "config": saved["config"],
+        "model_sha256": sha256_file(shipped),
+        "model_bytes": shipped.stat().st_size,
+        "trained_by": {
+            "runs": [{"commit": c, "date": d, "command": cmd} for c, d, cmd in args.trained],
+            "machine": f"{cpu_name()}, {platform.machine()}, {os.cpu_count()} cores, one thread per run",
+        },
+        "scored_by": {
+            "command": "python scripts/ship_pretrained.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "commit": commit,
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{cpu_name()}, {torch.get_num_threads()} thread(s), torch {torch.__version__}",
+        },
+    }
+    (out / "scores.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {out}; model.pt: {record['model_bytes']:,} bytes")
+    print("for chapter 16's _PRETRAINED_SHA256:")
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        print(f"{sha256_file(path)}  {path.relative_to(out.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
