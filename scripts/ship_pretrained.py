@@ -184,7 +184,11 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{cpu_name()}, {platform.machine()}, {os.cpu_count()} cores, one thread per run",
         },
         "scored_by": {
-            "command": "python scripts/ship_pretrained.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            # the data directory is machine-specific: recorded as the variable that names it
+            "command": "python scripts/ship_pretrained.py "
+            + " ".join(sys.argv[1:] if argv is None else argv).replace(
+                str(args.data_dir), "$AIAYN_MULTI30K_DIR"
+            ),
             "commit": commit,
             "date": datetime.date.today().isoformat(),
             "machine": f"{cpu_name()}, {torch.get_num_threads()} thread(s), torch {torch.__version__}",
