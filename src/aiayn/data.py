@@ -9,9 +9,11 @@ Chapter 16 of the book, book/16_translation.md.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import gzip
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -67,6 +69,9 @@ __all__ = [
     "MULTI30K_SPLITS",
     "MULTI30K_URL",
     "Multi30kRecipe",
+    "PRETRAINED",
+    "PRETRAINED_ENV",
+    "PRETRAINED_URL",
     "RECIPES",
     "SubwordTokenizer",
     "TINY_RECIPE",
@@ -79,6 +84,7 @@ __all__ = [
     "encode_text_pairs",
     "evaluate_bleu",
     "fetch",
+    "fetch_checked",
     "load_multi30k",
     "main",
     "multi30k_dir",
@@ -86,7 +92,10 @@ __all__ = [
     "multi30k_options",
     "normalize",
     "prepare_multi30k",
+    "pretrained",
+    "pretrained_file",
     "read_lines",
+    "save_pretrained",
     "save_translation_model",
     "sha256_file",
     "split_files",
@@ -183,24 +192,30 @@ def download_multi30k(
 
 
 def _download(name: str, directory: Path, base_url: str) -> None:
-    """Fetch one file to NAME.download, check its digest, then rename it."""
+    """Fetch one file of Multi30k into directory, checked against its digest."""
     url = base_url.rstrip("/") + "/" + name
-    download = directory / (name + ".download")
+    fix = _how_to_fix(directory)
+    fetch_checked(url, directory / name, MULTI30K_SHA256[name], fix)
+
+
+def fetch_checked(url: str, path: Path, sha256: str, fix: str) -> None:
+    """Fetch url to PATH.download, check its digest, rename it to path (chapter 16).
+
+    Errors are ValueErrors that end with fix, what the user can do about them.
+    """
+    download = path.with_name(path.name + ".download")
     try:
         fetch(url, download, timeout=60.0)
     except OSError as err:  # no network, HTTP errors (urllib's errors are OSErrors)
-        raise ValueError(
-            f"cannot download {url} ({err}). {_how_to_fix(directory)}"
-        ) from err
+        raise ValueError(f"cannot download {url} ({err}). {fix}") from err
     digest = sha256_file(download)
-    if digest != MULTI30K_SHA256[name]:
+    if digest != sha256:
         download.unlink()
         raise ValueError(
-            f"{url} sent a file with sha256 {digest}, "
-            f"expected {MULTI30K_SHA256[name]}: "
-            f"the transfer was damaged or the origin changed. {_how_to_fix(directory)}"
+            f"{url} sent a file with sha256 {digest}, expected {sha256}: "
+            f"the transfer was damaged or the origin changed. {fix}"
         )
-    os.replace(download, directory / name)
+    os.replace(download, path)
 
 
 def multi30k_dir(
@@ -570,11 +585,11 @@ def _check_recipe(recipe: Multi30kRecipe) -> None:
 
 
 BOOK_RECIPE = Multi30kRecipe()  # this chapter's CPU model, also chapter 17's
-LONG_RECIPE = Multi30kRecipe(  # about 30 passes; the shipped model
+LONG_RECIPE = Multi30kRecipe(  # about 22 passes; the shipped model
     vocab_size=8000,
     d_ff=1024,
     dropout=0.1,
-    steps=7000,
+    steps=5000,
     warmup=800,
     factor=1.0,
     max_tokens=2048,
@@ -722,15 +737,17 @@ def book_model(
 
     The model is on the CPU, in eval mode, trained with BOOK_RECIPE.
 
-    Training takes a few minutes on a CPU; retrain=True trains again even if a
-    cached model exists. root is the Multi30k directory, as for load_multi30k.
+    Training runs on a GPU if there is one, else on the CPU (a few minutes);
+    retrain=True trains again even if a cached model exists. root is the
+    Multi30k directory, as for load_multi30k.
     """
     path = book_model_path(BOOK_RECIPE)
     if path.is_file() and not retrain:
         return load_checkpoint_model(path)
-    model, tokenizer, _ = train_multi30k(BOOK_RECIPE, root, device="cpu", log=log)
+    device = pick_device("auto")  # never the CPU of a machine with a GPU
+    model, tokenizer, _ = train_multi30k(BOOK_RECIPE, root, device=device, log=log)
     save_translation_model(model, tokenizer, path)
-    return model, tokenizer
+    return model.cpu(), tokenizer
 
 
 # Chapter 16, "Why detokenized, cased, and with a signature"
@@ -826,6 +843,95 @@ def _translate_by_length(
     for i, output in zip(order, outputs):
         hypotheses[i] = output
     return hypotheses
+
+
+# Chapter 16, "A converged model to download"
+def save_pretrained(
+    model: Transformer, tokenizer: SubwordTokenizer, directory: str | os.PathLike
+) -> Path:
+    """Write directory/model.pt, float16 weights with the tokenizer (chapter 16).
+
+    Also directory/tokenizer.json. Returns the path of model.pt.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    half = copy.deepcopy(model).half()  # a copy keeps the shared matrix shared
+    path = write_checkpoint(checkpoint_dict(half, tokenizer), directory / "model.pt")
+    tokenizer.save(directory / "tokenizer.json")
+    return path
+
+
+PRETRAINED_URL = (
+    "https://raw.githubusercontent.com/literate-transformer/aiayn/main/results/"
+)
+PRETRAINED_ENV = "AIAYN_PRETRAINED_URL"  # overrides PRETRAINED_URL
+PRETRAINED = {  # name -> {file -> its SHA-256 digest}, the files of results/NAME
+    "multi30k-de-en": {
+        "model.pt": "d84155891461f27304b88a240d0845f69461a9803f8836cafeb58eb6064355aa",
+        "scores.json": (
+            "7cf90456ada5d242d0fa4cb40db2d35484cfcad3912d686da34ed4195dee19a6"
+        ),
+        "tokenizer.json": (
+            "d7eea69167a17244dbcc4c10a5b9f1ead6a1970c8a8def5e35efc0244ab6533f"
+        ),
+        "runs/long-dropout01.log": (
+            "2f6207ef7982e4216dc67a4b737595c90599c150847c8348db4ef757d0b0a23e"
+        ),
+        "runs/long-dropout01.metrics.jsonl.gz": (
+            "1c254903f050504f6cf7ff69ac2232bd71fa0acb3521662e4718866bc4d0f02f"
+        ),
+        "runs/long-dropout03.log": (
+            "3c6d30706c8d0fab889ca05c1dd8cc3f8db1b87d791b342b61c83c3044dfb3a1"
+        ),
+        "runs/long-dropout03.metrics.jsonl.gz": (
+            "cca8d29c86eeb4e96ba7ae3f43a87b94697c53cf2165184baa9a3290a69051d0"
+        ),
+    },
+}
+
+
+def pretrained_file(
+    name: str, file: str = "model.pt", base_url: str | None = None
+) -> Path:
+    """A verified file of a shipped model, downloaded if need be (chapter 16).
+
+    results/NAME/FILE of the checkout the package runs from, else the cache's
+    copy, else a download from base_url ($AIAYN_PRETRAINED_URL, else
+    PRETRAINED_URL) into cache_dir()/pretrained/NAME.
+    """
+    if name not in PRETRAINED:
+        raise ValueError(
+            f"no shipped model is called {name!r}; the models are {list(PRETRAINED)}."
+        )
+    if file not in PRETRAINED[name]:
+        raise ValueError(
+            f"{name} has no file {file!r}; it has {list(PRETRAINED[name])}."
+        )
+    digest = PRETRAINED[name][file]
+    checkout = Path(importlib.util.find_spec("aiayn").origin).parents[2]
+    cached = cache_dir() / "pretrained" / name / file
+    for path in (checkout / "results" / name / file, cached):
+        if path.is_file() and sha256_file(path) == digest:
+            return path
+    base_url = base_url or os.environ.get(PRETRAINED_ENV) or PRETRAINED_URL
+    url = f"{base_url.rstrip('/')}/{name}/{file}"
+    fix = (
+        f"Download it into {cached.parent} by hand, or set {PRETRAINED_ENV} to a "
+        f"directory URL that holds {name}/{file}."
+    )
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    fetch_checked(url, cached, digest, fix)
+    return cached
+
+
+def pretrained(
+    name: str = "multi30k-de-en",
+    device: str | torch.device = "cpu",
+    base_url: str | None = None,
+) -> tuple[Transformer, SubwordTokenizer]:
+    """A shipped model in float32 and eval mode, and its tokenizer (chapter 16)."""
+    path = pretrained_file(name, "model.pt", base_url)
+    return load_checkpoint_model(path, map_location=device)
 
 
 # Chapter 16, "A recipe for a GPU"
