@@ -674,7 +674,10 @@ def _too_long_message(
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m aiayn translate`: decode texts with a checkpoint (chapter 15)."""
     args = _parser().parse_args(argv)
-    path = _checkpoint_file(args.checkpoint)
+    try:
+        path = _model_file(args)
+    except ValueError as err:
+        return _fail(str(err))
     if not path.is_file():
         return _fail(
             f"no checkpoint file at {path}; write one with `python -m aiayn train "
@@ -711,10 +714,14 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _checkpoint_file(name: str) -> Path:
-    """The checkpoint file `name` stands for: a run's folder means its last.pt."""
-    path = Path(name)
-    return path / "last.pt" if path.is_dir() else path  # chapter 14's run folder
+def _model_file(args: argparse.Namespace) -> Path:
+    """The checkpoint file to load: --checkpoint's, or --pretrained's (verified)."""
+    if args.pretrained is None:
+        path = Path(args.checkpoint)
+        return path / "last.pt" if path.is_dir() else path  # chapter 14's run folder
+    from aiayn.data import pretrained_file  # chapter 16's module imports this one
+
+    return pretrained_file(args.pretrained)
 
 
 def _load(path: Path, device: torch.device) -> tuple[Transformer, Any]:
@@ -786,11 +793,16 @@ def _parser() -> argparse.ArgumentParser:
         nargs="*",
         help="texts to translate (default: the lines of standard input)",
     )
-    parser.add_argument(
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument(
         "--checkpoint",
-        required=True,
         help="a checkpoint file with model and tokenizer, "
         "or a directory holding last.pt",
+    )
+    model.add_argument(
+        "--pretrained",
+        metavar="NAME",
+        help="a model shipped with the package: multi30k-de-en (chapter 16)",
     )
     how = parser.add_mutually_exclusive_group()
     how.add_argument(
