@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -62,11 +63,35 @@ def test_wheel_holds_every_exported_module_and_imports(tmp_path: Path) -> None:
             text=True,
         )
         assert result.returncode == 0 and expected in result.stdout, result.stderr
+    # The wheel holds no weights: `--pretrained` downloads the shipped model into the
+    # cache, here from a file:// URL of this checkout's results/ (never the network).
+    installed = {
+        "PYTHONPATH": str(site),
+        "PATH": "/usr/bin:/bin",
+        "AIAYN_CACHE_DIR": str(tmp_path / "cache"),
+        "AIAYN_PRETRAINED_URL": (ROOT / "results").as_uri(),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "aiayn", "translate", "--pretrained", "multi30k-de-en", "--greedy",
+         "Ein Hund läuft über eine Wiese."],
+        cwd=tmp_path,
+        env=installed,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0 and "dog" in result.stdout, result.stderr
+    assert (tmp_path / "cache" / "pretrained" / "multi30k-de-en" / "model.pt").is_file()
 
 
 def test_readme_examples_run(tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    build, translate = re.findall(r"```python\n(.*?)```", readme, re.S)
+    build, translate, shipped = re.findall(r"```python\n(.*?)```", readme, re.S)
+    # The shipped model, from this checkout's results/ (no download).
+    result = subprocess.run([sys.executable, "-c", shipped], capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "AIAYN_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    assert "dogs" in result.stdout and "snow" in result.stdout, result.stdout
+    assert not (tmp_path / "cache").exists()
     result = subprocess.run([sys.executable, "-c", build], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "63,082,496"

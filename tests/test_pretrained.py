@@ -1,0 +1,150 @@
+"""Tests of the shipped models (chapter 16): save_pretrained, pretrained() and its download."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import aiayn.data as data
+from aiayn import Transformer
+from aiayn.data import (
+    CACHE_ENV,
+    PRETRAINED_ENV,
+    TINY_RECIPE,
+    SubwordTokenizer,
+    pretrained,
+    pretrained_file,
+    save_pretrained,
+    save_translation_model,
+    sha256_file,
+)
+from aiayn.decoding import translate
+from aiayn.model import read_checkpoint
+
+NAME = "tiny-test"  # registered by the fixture; never in the repository's results/
+
+
+@pytest.fixture
+def shipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Transformer, Path]:
+    """A tiny model saved in a mirror, MIRROR/NAME/model.pt, registered under NAME."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(PRETRAINED_ENV, raising=False)
+    texts = ["ein kleiner hund läuft", "a small dog runs", "zwei katzen", "two cats"] * 10
+    tokenizer = SubwordTokenizer.train(texts, vocab_size=80)
+    torch.manual_seed(0)
+    model = Transformer(TINY_RECIPE.model_config(tokenizer.vocab_size)).eval()
+    path = save_pretrained(model, tokenizer, tmp_path / "mirror" / NAME)
+    monkeypatch.setitem(data.PRETRAINED, NAME, {"model.pt": sha256_file(path)})
+    return model, tmp_path / "mirror"
+
+
+def test_save_pretrained_halves_the_weights_and_loads_back_in_float32(shipped, tmp_path):
+    model, mirror = shipped
+    saved = read_checkpoint(mirror / NAME / "model.pt")
+    assert {v.dtype for v in saved["state_dict"].values()} == {torch.float16}
+    assert (mirror / NAME / "tokenizer.json").is_file()
+    full = save_translation_model(model, data.SubwordTokenizer.load(mirror / NAME / "tokenizer.json"), tmp_path / "full.pt")
+    assert (mirror / NAME / "model.pt").stat().st_size < 0.6 * full.stat().st_size
+    loaded, tokenizer = pretrained(NAME, base_url=mirror.as_uri())
+    assert next(loaded.parameters()).dtype == torch.float32 and not loaded.training
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a.half().float(), b), name
+    # the shared embedding matrix is stored once, as in the float32 model
+    matrices = {v.data_ptr() for v in model.state_dict().values()}
+    assert len({v.data_ptr() for v in saved["state_dict"].values()}) == len(matrices)
+    assert tokenizer.encode("zwei katzen") == data.SubwordTokenizer.load(mirror / NAME / "tokenizer.json").encode("zwei katzen")
+
+
+def test_a_download_goes_to_the_cache_once_and_is_verified(shipped, tmp_path, monkeypatch):
+    _, mirror = shipped
+    monkeypatch.setenv(PRETRAINED_ENV, mirror.as_uri())  # the environment names the mirror
+    path = pretrained_file(NAME)
+    assert path == tmp_path / "cache" / "pretrained" / NAME / "model.pt"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.pt"]  # no partial file left
+
+    def no_network(url, path, timeout=60.0):
+        raise AssertionError(f"fetched {url} again")
+
+    monkeypatch.setattr(data, "fetch", no_network)
+    assert pretrained_file(NAME) == path  # a verified copy is not fetched again
+    path.write_bytes(path.read_bytes()[:-10])  # a damaged copy is fetched again...
+    with pytest.raises(AssertionError, match="fetched"):
+        pretrained_file(NAME)
+
+
+def test_wrong_bytes_unknown_names_and_no_network_are_clear_errors(shipped, tmp_path, monkeypatch):
+    _, mirror = shipped
+    other = tmp_path / "other" / NAME
+    other.mkdir(parents=True)
+    (other / "model.pt").write_bytes(b"not the model")
+    with pytest.raises(ValueError, match=r"sent a file with sha256 .* expected .* set AIAYN_PRETRAINED_URL"):
+        pretrained_file(NAME, base_url=other.parent.as_uri())
+    assert list((tmp_path / "cache" / "pretrained" / NAME).iterdir()) == []
+    with pytest.raises(ValueError, match=r"no shipped model is called 'multi30k-fr-en'; the models are \["):
+        pretrained("multi30k-fr-en")
+    with pytest.raises(ValueError, match=r"cannot download file://.*/nowhere/tiny-test/model.pt"):
+        pretrained_file(NAME, base_url=(tmp_path / "nowhere").as_uri())
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "results" / "multi30k-de-en"
+
+
+def test_the_shipped_model_is_found_in_the_checkout_and_matches_its_record(monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    record = json.loads((SHIPPED / "scores.json").read_text())
+    for file, digest in data.PRETRAINED["multi30k-de-en"].items():
+        assert pretrained_file("multi30k-de-en", file) == SHIPPED / file  # no download: the digest matches
+        assert sha256_file(SHIPPED / file) == digest
+    assert data.PRETRAINED["multi30k-de-en"]["model.pt"] == record["model_sha256"]
+    assert (SHIPPED / "model.pt").stat().st_size < 16 * 2**20
+    assert not (tmp_path / "cache").exists()
+
+
+def test_translate_pretrained_runs_and_names_unknown_models(tmp_path):
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "aiayn", "translate", "--pretrained", "multi30k-de-en",
+         "Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad."],
+        capture_output=True, text=True, env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    dogs, man = done.stdout.splitlines()
+    assert "dogs" in dogs and "snow" in dogs and "man" in man.lower() and "bicycle" in man
+    done = subprocess.run(
+        [sys.executable, "-m", "aiayn", "translate", "--pretrained", "multi30k-fr-en", "Bonjour"],
+        capture_output=True, text=True, env=env,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: no shipped model is called 'multi30k-fr-en'; the models are ['multi30k-de-en']."
+    )
+
+
+def test_the_model_card_states_the_recorded_scores_and_reproducible_examples():
+    card = (SHIPPED / "README.md").read_text(encoding="utf-8")
+    record = json.loads((SHIPPED / "scores.json").read_text())
+    for split, methods in record["scores"].items():
+        for method, score in methods.items():
+            how = "greedy" if method == "greedy" else "beam 4, alpha 0.6"
+            row = f"| {split} | {{}} | {how} | {score['bleu']:.2f} | {score['lowercase_bleu']:.2f} |"
+            assert any(row.format(n) in card for n in ("1,014", "1,000")), row
+        assert methods["greedy"]["signature"] in card
+    assert f"| Parameters | {record['parameters']:,} |" in card
+    # The examples: each German line, then "  -> " and what beam search writes today.
+    block = card.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    sources, expected = block[0::2], [line.removeprefix("  -> ") for line in block[1::2]]
+    assert len(sources) == len(expected) == 7 and all(line.startswith("  -> ") for line in block[1::2])
+    model, tokenizer = pretrained("multi30k-de-en")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the card was written
+    try:
+        assert translate(model, tokenizer, sources) == expected
+    finally:
+        torch.set_num_threads(threads)
