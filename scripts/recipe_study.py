@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from aiayn.data import BOOK_RECIPE, evaluate_bleu, load_multi30k, train_multi30k
+from ship_pretrained import cpu_name  # scripts/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "recipe-study" / "study.jsonl"
@@ -43,16 +43,6 @@ VARIANTS = {
     "dropout-0.1": {"dropout": 0.1},
     "no-label-smoothing": {"label_smoothing": 0.0},
 }
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
