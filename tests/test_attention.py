@@ -8,7 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.attention import AdditiveAttention, masked_softmax, scaled_dot_product_attention
+from aiayn.attention import (
+    AdditiveAttention,
+    broadcast_shape,
+    masked_softmax,
+    scaled_dot_product_attention,
+)
 
 
 def random_qkv(*batch: int, q_len: int = 5, k_len: int = 7, d_k: int = 16, d_v: int = 12, seed: int = 0):
@@ -170,3 +175,18 @@ def test_the_broadcast_message_says_how_to_pass_a_pytorch_padding_mask() -> None
     with pytest.raises(ValueError, match="does not broadcast") as refused:
         scaled_dot_product_attention(q, k, v, mask=torch.ones(2, 7, dtype=torch.bool))
     assert "~key_padding_mask[:, None, None, :]" in str(refused.value)
+
+
+def test_broadcast_shape_follows_torch() -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(500):
+        shapes = [
+            tuple(int(n) for n in torch.randint(0, 4, (int(torch.randint(0, 5, (1,), generator=g)),), generator=g))
+            for _ in range(int(torch.randint(1, 4, (1,), generator=g)))
+        ]
+        try:
+            expected = tuple(torch.broadcast_shapes(*shapes))
+        except RuntimeError:
+            expected = None
+        assert broadcast_shape(*shapes) == expected, shapes
+    assert broadcast_shape() == ()

@@ -8,7 +8,9 @@ Chapter 1 of the book, book/01_attention.md.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +18,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "AdditiveAttention",
+    "broadcast_shape",
     "check_attention_inputs",
     "masked_softmax",
     "scaled_dot_product_attention",
@@ -78,6 +81,21 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
     return weights.masked_fill(~mask, 0.0)
 
 
+def broadcast_shape(*shapes: Sequence[int]) -> tuple[int, ...] | None:
+    """The shape that `shapes` broadcast to, or None if they do not (chapter 1).
+
+    PyTorch's rule: align the shapes at the right; in each dimension the sizes
+    other than 1 must agree, and the result has that size (1 if all are 1).
+    """
+    result = []
+    for sizes in itertools.zip_longest(*(reversed(s) for s in shapes), fillvalue=1):
+        other = set(sizes) - {1}
+        if len(other) > 1:
+            return None
+        result.append(other.pop() if other else 1)
+    return tuple(reversed(result))
+
+
 def check_attention_inputs(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, same_d_k: bool = True
 ) -> torch.Size:
@@ -103,15 +121,14 @@ def check_attention_inputs(
             f"k and v must have the same length (dim -2), one value per key, "
             f"got {k.size(-2)} keys and {v.size(-2)} values."
         )
-    try:
-        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except RuntimeError:
+    batch = broadcast_shape(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    if batch is None:
         raise ValueError(
             f"the leading (batch) dimensions of q {tuple(q.shape[:-2])}, "
             f"k {tuple(k.shape[:-2])} and v {tuple(v.shape[:-2])} do not broadcast; "
             f"make them equal or 1."
-        ) from None
-    scores_shape = batch + (q.size(-2), k.size(-2))
+        )
+    scores_shape = torch.Size(batch + (q.size(-2), k.size(-2)))
     if mask is not None:
         _check_mask(mask, scores_shape)
     return scores_shape
@@ -136,11 +153,7 @@ def _check_mask(mask: Tensor, scores_shape: torch.Size) -> None:
     lead, q_len = len(scores_shape) - 2, scores_shape[-2]  # lead: batch dimensions
     general = "[" + ", ".join(["1"] * lead + ["q_len", "k_len"]) + "]"  # [1, 1, q, k]
     from_torch = "~key_padding_mask[:, " + "None, " * lead + ":]"  # flip True = pad
-    try:
-        fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
-    except RuntimeError:
-        fits = False
-    if not fits:
+    if broadcast_shape(mask.shape, scores_shape) != scores_shape:
         hint = f"{general} for a causal mask"
         if lead > 0:
             padding = "[" + ", ".join(["batch"] + ["1"] * lead + ["k_len"]) + "]"
