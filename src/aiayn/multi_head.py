@@ -104,7 +104,10 @@ class MultiHeadAttention(nn.Module):
         if need_weights:  # chapter 1's function, which returns the weights
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
         else:  # PyTorch's fused function
-            out, weights = _fused_attention(q, k, v, mask, dropout_p), None
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p
+            )  # [batch, n_heads, q_len, d_k]
+            weights = None
         return self.out_proj(_merge_heads(out)), weights  # [batch, q_len, d_model]
 
     def _project(
@@ -236,16 +239,3 @@ class KVCache:
         if self.k is not None and self.v is not None:
             self.k = self.k.index_select(0, index)  # [len(index), n_heads, seq, d_k]
             self.v = self.v.index_select(0, index)  # [len(index), n_heads, seq, d_k]
-
-
-def _fused_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float
-) -> Tensor:
-    """PyTorch's fused softmax(QK^T/sqrt(d_k))V, zero for empty rows (chapter 3)."""
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    empty = ~mask.any(dim=-1, keepdim=True)  # rows that may attend to nothing
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask | empty, dropout_p=dropout_p
-    )  # [batch, n_heads, q_len, d_k]
-    return out.masked_fill(empty, 0.0)  # [batch, n_heads, q_len, d_k]
