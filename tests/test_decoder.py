@@ -254,6 +254,25 @@ def test_reorder_follows_a_beam_search() -> None:
     torch.testing.assert_close(torch.cat(rest, dim=1), full[:, 3:], atol=1e-5, rtol=1e-5)
 
 
+def test_reorder_within_shared_sources_may_keep_the_cross_attention_cache() -> None:
+    torch.manual_seed(0)
+    dec = Decoder(2, D_MODEL, N_HEADS, D_FF, norm_first=True).eval()
+    x, memory = inputs(tgt_len=5)
+    rows = torch.tensor([0, 0, 1, 1])  # two rows ("beams") per source
+    xr, mr, maskr = x[rows], memory[rows], padding_mask(SRC, PAD)[rows]
+    swap = torch.tensor([1, 0, 3, 3])  # every row moves only among its source's rows
+    with torch.no_grad():
+        cache = dec.new_cache()
+        for t in range(2):
+            dec(xr[:, t:t + 1], mr, memory_mask=maskr, cache=cache)
+        cross_before = [layer.cross_attn.k for layer in cache]
+        cache.reorder(swap, cross_attention=False)
+        assert all(layer.cross_attn.k is k for layer, k in zip(cache, cross_before))
+        rest = [dec(xr[swap][:, t:t + 1], mr, memory_mask=maskr, cache=cache) for t in range(2, 5)]
+        full = dec(xr[swap], mr, self_mask=causal_mask(5), memory_mask=maskr)
+    torch.testing.assert_close(torch.cat(rest, dim=1), full[:, 2:], atol=1e-5, rtol=1e-5)
+
+
 def test_reorder_of_an_empty_cache_and_repr() -> None:
     cache = DecoderCache(2)
     cache.reorder(torch.tensor([0, 0]))  # nothing cached yet: nothing to do

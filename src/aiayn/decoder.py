@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from aiayn.attention import broadcast_shape
 from aiayn.multi_head import KVCache, MultiHeadAttention
 from aiayn.sublayers import PositionwiseFeedForward, Residual
 
@@ -152,10 +153,7 @@ def _check_mask(
             f"mask (True or -inf where blocked) with ~mask (bool) or mask == 0 "
             f"(float)."
         )
-    try:
-        fits = torch.broadcast_shapes(mask.shape, scores) == torch.Size(scores)
-    except RuntimeError:
-        fits = False
+    fits = broadcast_shape(mask.shape, scores) == tuple(scores)
     if mask.dim() not in (2, 4) or not fits:
         raise ValueError(
             f"{name} of shape {tuple(mask.shape)} does not broadcast to the "
@@ -409,10 +407,11 @@ class DecoderLayerCache:
         filled = [kv.k for kv in (self.self_attn, self.cross_attn) if kv.k is not None]
         return filled[0].size(0) if filled else None
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(self, index: Tensor, cross_attention: bool = True) -> None:
         """Keep the sequences `index` of the batch, in that order, in both caches."""
         self.self_attn.reorder(index)
-        self.cross_attn.reorder(index)
+        if cross_attention:
+            self.cross_attn.reorder(index)
 
 
 class DecoderCache:
@@ -453,8 +452,12 @@ class DecoderCache:
         """Number of sequences the cache holds, None while it is empty."""
         return self.layers[0].batch_size
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep the sequences `index` ([new_batch] ids, repeats allowed), e.g. beams."""
+    def reorder(self, index: Tensor, cross_attention: bool = True) -> None:
+        """Keep the sequences `index` ([new_batch] ids, repeats allowed), e.g. beams.
+
+        cross_attention=False keeps the cross-attention cache as it is: only right
+        when every row `index` picks has the same source as the row it replaces.
+        """
         _check_reorder_index(index, self.batch_size)
         if self.batch_size is None:
             return  # nothing cached yet
@@ -464,7 +467,7 @@ class DecoderCache:
         )
         index = index.to(cached.device)  # where index_select needs it
         for layer in self.layers:
-            layer.reorder(index)
+            layer.reorder(index, cross_attention)
 
 
 def _check_reorder_index(index: Tensor, batch: int | None) -> None:
