@@ -423,7 +423,9 @@ def _beam_search_loop(
         first = alive_log_probs.size(1) == 1
         alive, alive_log_probs, index = _next_beam(alive, candidates, k, c.eos_id)
         if cache is not None:
-            cache.reorder(index)  # the cached keys and values follow their hypotheses
+            # the cached keys and values follow their hypotheses; after the first
+            # step, beams move only among the rows of their own sentence
+            cache.reorder(index, cross_attention=first)
         if first:  # from the second step on, k rows per sentence
             memory = memory.repeat_interleave(k, dim=0)  # [B * k, src_len, d_model]
             src_mask = src_mask.repeat_interleave(k, dim=0)  # [B * k, 1, 1, src_len]
