@@ -1,4 +1,4 @@
-"""benchmarks/peers.py runs end to end on a tiny model (its --smoke mode).
+"""The benchmarks run end to end on tiny models (peers.py --smoke, kv_cache.py).
 
 Only that it runs and prints its tables is checked, never the timings. The Marian
 rows are expected only where `transformers` is installed (CI does not install it:
@@ -46,3 +46,19 @@ def test_peers_smoke_run_prints_every_table() -> None:
     else:
         assert "Marian skipped: transformers is not installed" in out
         assert "| Marian |" not in out
+
+
+def test_kv_cache_layouts_decode_the_same_tokens() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "kv_cache.py"), "--size", "smoke",
+         "--reps", "1", "--gen-len", "6", "--batch", "3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for search in ("greedy", "beam 4"):
+        assert f"### {search}: generated tokens/s, the same tokens: True" in done.stdout
+    assert done.stdout.count("| buffer | ") == 2
