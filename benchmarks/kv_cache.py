@@ -37,40 +37,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers.py, next to th
 import peers  # noqa: E402
 
 
-class BufferCache(KVCache):
-    """A self-attention cache in a buffer with room to spare, written in place."""
+class BufferCache:
+    """A self-attention cache in a buffer with room to spare, written in place.
+
+    It offers what the package reads of a KVCache: k, v, seq_len and reorder.
+    """
 
     made = 0  # how many were made: the benchmark checks that they were used
 
     def __init__(self) -> None:
-        super().__init__()
         BufferCache.made += 1
-        self.n = 0  # positions held
+        self.seq_len = 0  # positions held
+        self.buf_k: Tensor | None = None  # [batch, n_heads, room, d_k]
+        self.buf_v: Tensor | None = None
         self.spare: tuple[Tensor, Tensor] | None = None  # reorder's target
 
     @property
-    def seq_len(self) -> int:  # noqa: D102
-        return self.n
+    def k(self) -> Tensor | None:
+        """The cached keys, a view [batch, n_heads, seq_len, d_k] of the buffer."""
+        return None if self.buf_k is None else self.buf_k[:, :, : self.seq_len]
+
+    @property
+    def v(self) -> Tensor | None:
+        """The cached values, a view of the buffer."""
+        return None if self.buf_v is None else self.buf_v[:, :, : self.seq_len]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new positions [b, h, new, d_k]; return views of all of them."""
-        start, end = self.n, self.n + k.size(-2)
+        start, end = self.seq_len, self.seq_len + k.size(-2)
         if self.buf_k is None or end > self.buf_k.size(-2):  # double the room
             room = max(end, 2 * start, 16)
             new_k = k.new_empty(*k.shape[:2], room, k.size(-1))
             new_v = v.new_empty(*v.shape[:2], room, v.size(-1))
             if start:
-                new_k[:, :, :start] = self.buf_k[:, :, :start]
-                new_v[:, :, :start] = self.buf_v[:, :, :start]
+                new_k[:, :, :start] = self.k
+                new_v[:, :, :start] = self.v
             self.buf_k, self.buf_v, self.spare = new_k, new_v, None
         self.buf_k[:, :, start:end] = k
         self.buf_v[:, :, start:end] = v
-        self.n = end
-        return self.buf_k[:, :, :end], self.buf_v[:, :, :end]
+        self.seq_len = end
+        return self.k, self.v
 
     def reorder(self, index: Tensor) -> None:
         """Rows `index` into the spare buffers, which then become the cache."""
-        if self.buf_k is None:
+        if self.buf_k is None or self.buf_v is None:
             return
         if self.spare is None or self.spare[0].size(0) != index.numel():
             old = (self.buf_k, self.buf_v)
@@ -78,36 +88,17 @@ class BufferCache(KVCache):
             self.buf_v = self.buf_v.index_select(0, index)
             self.spare = old if old[0].shape == self.buf_k.shape else None
             return
-        k, v = self.spare
-        torch.index_select(self.buf_k[:, :, : self.n], 0, index, out=k[:, :, : self.n])
-        torch.index_select(self.buf_v[:, :, : self.n], 0, index, out=v[:, :, : self.n])
+        n, (k, v) = self.seq_len, self.spare
+        torch.index_select(self.k, 0, index, out=k[:, :, :n])
+        torch.index_select(self.v, 0, index, out=v[:, :, :n])
         self.spare, (self.buf_k, self.buf_v) = (self.buf_k, self.buf_v), (k, v)
-
-    buf_k: Tensor | None = None
-    buf_v: Tensor | None = None
-
-    @property
-    def k(self) -> Tensor | None:  # noqa: D102
-        return None if self.buf_k is None else self.buf_k[:, :, : self.n]
-
-    @k.setter
-    def k(self, value: Tensor | None) -> None:
-        pass  # the dataclass's __init__ sets k = None
-
-    @property
-    def v(self) -> Tensor | None:  # noqa: D102
-        return None if self.buf_v is None else self.buf_v[:, :, : self.n]
-
-    @v.setter
-    def v(self, value: Tensor | None) -> None:
-        pass
 
 
 _project = multi_head.MultiHeadAttention._project
 
 
 def _project_buffered(self: Any, query: Tensor, key_value: Tensor | None,
-                      cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+                      cache: KVCache | BufferCache | None) -> tuple[Tensor, Tensor, Tensor]:
     """MultiHeadAttention._project, appending in place to a BufferCache."""
     if not isinstance(cache, BufferCache):
         return _project(self, query, key_value, cache)
