@@ -8,6 +8,7 @@ the script must then skip Marian in one line and measure the other two).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -62,3 +63,26 @@ def test_kv_cache_layouts_decode_the_same_tokens() -> None:
     for search in ("greedy", "beam 4"):
         assert f"### {search}: generated tokens/s, the same tokens: True" in done.stdout
     assert done.stdout.count("| buffer | ") == 2
+
+
+def test_attention_cost_runs_and_writes_every_repetition(tmp_path) -> None:
+    out = tmp_path / "cost.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "attention_cost.py"), "--smoke",
+         "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for section in ("### length:", "### lstm:", "### backends:"):
+        assert section in done.stdout
+    assert "the backends that run on cpu: MATH, FLASH_ATTENTION" in done.stdout
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"length", "lstm", "backends"}
+    for result in results.values():
+        for per_length in result["seconds"].values():
+            assert len(per_length) == len(result["lengths"])
+            assert all(len(reps) == 2 and min(reps) > 0 for reps in per_length)
