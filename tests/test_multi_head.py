@@ -208,6 +208,71 @@ def test_cache_reorder_selects_batch_rows() -> None:
     assert KVCache().seq_len == 0
 
 
+def test_reorder_with_room_is_filled_in_place_by_the_next_append() -> None:
+    torch.manual_seed(0)
+    k, v = torch.randn(2, 3, N_HEADS, 5, 8).unbind(0)  # [batch 3, heads, 5 cached, d_k 8]
+    new_k, new_v = torch.randn(2, 4, N_HEADS, 1, 8).unbind(0)  # one new position, 4 rows
+    index = torch.tensor([2, 0, 0, 1])
+    plain, roomy = KVCache(k, v), KVCache(k, v)
+    plain.reorder(index)
+    roomy.reorder(index, room=1)
+    assert torch.equal(roomy.k, plain.k) and torch.equal(roomy.v, plain.v)  # room unseen
+    assert roomy.seq_len == 5 and roomy.spare is not None
+    spare_k = roomy.spare[0]
+    out_k, out_v = roomy.append(new_k, new_v)
+    assert out_k is spare_k and out_k.is_contiguous() and roomy.spare is None  # no copy
+    plain.append(new_k, new_v)
+    assert torch.equal(roomy.k, plain.k) and torch.equal(roomy.v, plain.v)
+    # room for one position, two arrive: the cache concatenates instead
+    two = KVCache(k, v)
+    two.reorder(index, room=1)
+    two.append(torch.cat([new_k, new_k], 2), torch.cat([new_v, new_v], 2))
+    assert two.seq_len == 7 and torch.equal(two.k[:, :, :5], plain.k[:, :, :5])
+    # a second reorder before the append reads the first one's rows
+    twice = KVCache(k, v)
+    twice.reorder(index, room=1)
+    twice.reorder(torch.tensor([3, 3]), room=1)
+    twice.append(new_k[:2], new_v[:2])
+    assert torch.equal(twice.k[:, :, :5], k[[1, 1]]) and torch.equal(twice.k[:, :, 5:], new_k[:2])
+
+
+def test_reorder_with_room_under_autograd_keeps_the_graph() -> None:
+    k = torch.randn(2, N_HEADS, 3, 8, requires_grad=True)
+    cache = KVCache(k * 1.0, k * 2.0)
+    cache.reorder(torch.tensor([1, 0]), room=1)  # out= cannot record gradients: no room
+    assert cache.spare is None
+    cache.append(torch.zeros(2, N_HEADS, 1, 8), torch.zeros(2, N_HEADS, 1, 8))
+    cache.k.sum().backward()
+    assert torch.equal(k.grad, torch.ones_like(k))
+
+
+def test_a_single_query_on_the_cpu_matches_torch_nn() -> None:
+    ours, theirs = pair()
+    src, tgt = inputs()
+    pad = padding_mask(TOKENS, 0)  # [2, 1, 1, 6]
+    query = tgt[:, :1]  # [2, 1, d_model]: one query, as in decoding
+    with torch.no_grad():
+        out, weights = ours(query, src, mask=pad)
+        expected, _ = theirs(query, src, src, key_padding_mask=~pad[:, 0, 0])
+        explicit, w = ours(query, src, mask=pad, need_weights=True)
+    assert weights is None and w.shape == (2, N_HEADS, 1, 6)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, explicit, atol=0, rtol=0)
+    nothing = torch.zeros(2, 1, 1, 6, dtype=torch.bool)  # a query with nothing to attend to
+    with torch.no_grad():
+        empty, _ = ours(query, src, mask=nothing)
+    torch.testing.assert_close(empty, ours.out_proj.bias.expand(2, 1, D_MODEL))
+
+
+def test_cross_attention_cache_is_contiguous() -> None:
+    layer = MultiHeadAttention(D_MODEL, N_HEADS).eval()
+    src, tgt = inputs()
+    cache = KVCache()
+    with torch.no_grad():
+        layer(tgt[:, :1], src, cache=cache)
+    assert cache.k.is_contiguous() and cache.v.is_contiguous()
+
+
 def test_parameter_count_is_4d2_plus_4d() -> None:
     for d_model, n_heads in ((32, 1), (32, 4), (512, 8), (512, 64)):
         layer = MultiHeadAttention(d_model, n_heads)

@@ -8,7 +8,7 @@ Chapter 3 of the book, book/03_multi_head_attention.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +87,8 @@ class MultiHeadAttention(nn.Module):
                 self-attention cache, k_len counts the cached positions too.
             need_weights: if True, attend with chapter 1's
                 scaled_dot_product_attention and return the weights; if False,
-                use PyTorch's fused kernel and return None for them.
+                use PyTorch's fused kernel (for a single query on a CPU chapter
+                1's function, which is faster there) and return None for them.
             cache: a KVCache to read and update, for decoding step by step
                 (see KVCache); None for an ordinary call.
 
@@ -99,16 +100,17 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_inputs(query, key_value, mask, cache)
         q, k, v = self._project(query, key_value, cache)  # [b, h, q_len | k_len, d_k]
-        check_attention_inputs(q, k, v, mask)  # the mask must broadcast to the scores
         dropout_p = self.dropout if self.training else 0.0
-        if need_weights:  # chapter 1's function, which returns the weights
+        if need_weights or (q.size(-2) == 1 and q.is_cpu):  # chapter 1's function
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
         else:  # PyTorch's fused function
+            check_attention_inputs(q, k, v, mask)  # the mask must fit the scores
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p
             )  # [batch, n_heads, q_len, d_k]
             weights = None
-        return self.out_proj(_merge_heads(out)), weights  # [batch, q_len, d_model]
+        out = self.out_proj(_merge_heads(out))  # [batch, q_len, d_model]
+        return out, weights if need_weights else None
 
     def _project(
         self, query: Tensor, key_value: Tensor | None, cache: KVCache | None
@@ -119,10 +121,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.in_proj(query).chunk(3, dim=-1)  # 3 x [batch, q_len, d_model]
         q, k, v = (_split_heads(t, self.n_heads) for t in (q, k, v))  # [b, h, q, d_k]
         if cache is not None:
-            if cache.k is not None and cache.v is not None:  # earlier positions first
-                k = torch.cat([cache.k, k], dim=2)  # [b, h, cached + q_len, d_k]
-                v = torch.cat([cache.v, v], dim=2)  # [b, h, cached + q_len, d_k]
-            cache.k, cache.v = k, v
+            k, v = cache.append(k, v)  # [b, h, cached + q_len, d_k]
         return q, k, v
 
     def _project_cross(
@@ -138,7 +137,8 @@ class MultiHeadAttention(nn.Module):
             return q, cache.k, cache.v  # projected on the first call
         k, v = F.linear(key_value, w_kv, b_kv).chunk(2, dim=-1)  # [b, k_len, d_model]
         k, v = _split_heads(k, self.n_heads), _split_heads(v, self.n_heads)
-        if cache is not None:
+        if cache is not None:  # contiguous, for every later step to read
+            k, v = k.contiguous(), v.contiguous()  # [b, h, k_len, d_k]
             cache.k, cache.v = k, v
         return q, k, v
 
@@ -228,14 +228,47 @@ class KVCache:
 
     k: Tensor | None = None
     v: Tensor | None = None
+    # what reorder(index, room) copied into: k and v with `room` free positions
+    spare: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
 
     @property
     def seq_len(self) -> int:
         """Number of cached positions (0 while empty)."""
         return 0 if self.k is None else self.k.size(-2)
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows `index`, in that order (e.g. the surviving beams)."""
-        if self.k is not None and self.v is not None:
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new positions [batch, n_heads, new, d_k]; return all cached ones."""
+        if self.k is None or self.v is None:
+            self.k, self.v = k, v
+        elif self.spare is not None and self.spare[0].size(-2) == (
+            self.seq_len + k.size(-2)
+        ):  # reorder left exactly this room: fill it in place
+            spare_k, spare_v = self.spare
+            spare_k[:, :, self.seq_len :] = k
+            spare_v[:, :, self.seq_len :] = v
+            self.k, self.v = spare_k, spare_v
+        else:  # earlier positions first: [batch, n_heads, cached + new, d_k]
+            self.k = torch.cat([self.k, k], dim=2)
+            self.v = torch.cat([self.v, v], dim=2)
+        self.spare = None
+        return self.k, self.v
+
+    def reorder(self, index: Tensor, room: int = 0) -> None:
+        """Keep the batch rows `index`, in that order (e.g. the surviving beams).
+
+        With room > 0 they are copied into tensors with `room` more positions,
+        which the next append of that many fills instead of copying them again.
+        """
+        if self.k is None or self.v is None:
+            return
+        self.spare = None
+        if room == 0 or self.k.requires_grad or self.v.requires_grad:
             self.k = self.k.index_select(0, index)  # [len(index), n_heads, seq, d_k]
             self.v = self.v.index_select(0, index)  # [len(index), n_heads, seq, d_k]
+            return
+        batch, seq = len(index), self.seq_len
+        k = self.k.new_empty(batch, self.k.size(1), seq + room, self.k.size(-1))
+        v = self.v.new_empty(batch, self.v.size(1), seq + room, self.v.size(-1))
+        torch.index_select(self.k, 0, index, out=k[:, :, :seq])
+        torch.index_select(self.v, 0, index, out=v[:, :, :seq])
+        self.k, self.v, self.spare = k[:, :, :seq], v[:, :, :seq], (k, v)
