@@ -409,7 +409,7 @@ class DecoderLayerCache:
 
     def reorder(self, index: Tensor, cross_attention: bool = True) -> None:
         """Keep the sequences `index` of the batch, in that order, in both caches."""
-        self.self_attn.reorder(index)
+        self.self_attn.reorder(index, room=1)  # for the next step's position
         if cross_attention:
             self.cross_attn.reorder(index)
 
