@@ -17,7 +17,12 @@ recorded run:
    n = 2 d = 512;
 3. backends: `F.scaled_dot_product_attention` restricted to each backend that
    runs on the device (`sdpa_kernel`), on [1, 8, n, 64], n = 256 ... 2048; on a
-   GPU also the peak memory of a forward and backward pass of each.
+   GPU also the peak memory of a forward and backward pass of each;
+4. query: one query per sequence, as in decoding one token at a time, attending
+   over n = 10 ... 80 keys in 4 heads of 64, for 32 and for 128 sequences (32
+   sentences, or a beam of 4 for each): PyTorch's fused function against
+   chapter 1's `scaled_dot_product_attention` (which `MultiHeadAttention` uses for
+   a single query on a CPU).
 
 Every measurement is a forward pass without gradients (the backends' memory on a
 GPU excepted) and is interleaved: in every repetition each contender runs once,
@@ -56,9 +61,10 @@ LENGTHS = {  # per measurement: (lengths, how many of the last ones fit the slop
     "length": ([128, 256, 512, 1024, 2048], 4),
     "lstm": ([32, 64, 128, 256, 512, 1024], 3),
     "backends": ([256, 512, 1024, 2048], 3),
+    "query": ([10, 20, 40, 80], 3),
 }
 SMOKE_LENGTHS = {"length": ([16, 32], 2), "lstm": ([8, 16], 2),
-                 "backends": ([16, 32], 2)}
+                 "backends": ([16, 32], 2), "query": ([4, 8], 2)}
 
 
 def interleaved(runs: dict[str, Callable[[], Any]], reps: int,
@@ -223,14 +229,33 @@ def backend_runs(device: torch.device, reps: int, sync: Callable[[], None],
     return result
 
 
-MEASUREMENTS = {"length": length_runs, "lstm": lstm_runs, "backends": backend_runs}
+def query_runs(device: torch.device, reps: int, sync: Callable[[], None],
+               lengths: list[int], fit: int) -> dict:
+    heads, d_k, result = 4, 64, {}
+    for batch in (32, 128):
+        def contenders(n: int, batch: int = batch) -> dict[str, Callable[[], Any]]:
+            q = torch.randn(batch, heads, 1, d_k, device=device)  # one query each
+            k, v = torch.randn(2, batch, heads, n, d_k, device=device).unbind(0)
+            return {"fused": lambda: F.scaled_dot_product_attention(q, k, v),
+                    "chapter 1": lambda: scaled_dot_product_attention(q, k, v)}
+
+        print(f"### query: one query, {heads} heads of {d_k}, {batch} sequences, "
+              "against the keys n\n")
+        seconds = measure(contenders, lengths, reps, sync)
+        result[str(batch)] = time_table(list(seconds), lengths, fit, seconds,
+                                        ("fused", "chapter 1"))
+    return result
+
+
+MEASUREMENTS = {"length": length_runs, "lstm": lstm_runs, "backends": backend_runs,
+                "query": query_runs}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", action="append", choices=list(MEASUREMENTS),
-                   help="run only this measurement (repeatable); default all three")
+                   help="run only this measurement (repeatable); default all four")
     p.add_argument("--reps", type=int, default=7, help="timed repetitions (7)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto")

@@ -2,7 +2,9 @@
 """Two layouts of the self-attention key-value cache, side by side, on the CPU.
 
 Chapter 3's `KVCache` grows by `torch.cat` at every decoding step, which copies
-every cached position again: decoding m tokens copies about m^2 / 2 positions.
+every cached position again: decoding m tokens copies about m^2 / 2 positions (in
+beam search the reorder of every step copies the cache into tensors one position
+longer, and the next step writes into that room instead of concatenating).
 The usual remedy is a buffer with room to spare, written in place, that doubles
 when it is full; beam search then reorders into a second buffer instead of a new
 tensor. This script decodes the same batch with both layouts, alternating them,
@@ -78,8 +80,11 @@ class BufferCache:
         self.seq_len = end
         return self.k, self.v
 
-    def reorder(self, index: Tensor) -> None:
-        """Rows `index` into the spare buffers, which then become the cache."""
+    def reorder(self, index: Tensor, room: int = 0) -> None:
+        """Rows `index` into the spare buffers, which then become the cache.
+
+        `room` (positions to leave free) is KVCache's; the buffer has room already.
+        """
         if self.buf_k is None or self.buf_v is None:
             return
         if self.spare is None or self.spare[0].size(0) != index.numel():

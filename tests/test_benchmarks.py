@@ -77,12 +77,15 @@ def test_attention_cost_runs_and_writes_every_repetition(tmp_path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    for section in ("### length:", "### lstm:", "### backends:"):
+    for section in ("### length:", "### lstm:", "### backends:", "### query:"):
         assert section in done.stdout
     assert "the backends that run on cpu: MATH, FLASH_ATTENTION" in done.stdout
     results = json.loads(out.read_text())["results"]
-    assert set(results) == {"length", "lstm", "backends"}
-    for result in results.values():
+    assert set(results) == {"length", "lstm", "backends", "query"}
+    assert set(results["query"]) == {"32", "128"}  # sequences
+    tables = [results["length"], results["lstm"], results["backends"],
+              *results["query"].values()]
+    for result in tables:
         for per_length in result["seconds"].values():
             assert len(per_length) == len(result["lengths"])
             assert all(len(reps) == 2 and min(reps) > 0 for reps in per_length)
