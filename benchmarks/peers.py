@@ -265,11 +265,11 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b > 0 else "n/a"
 
 
-def rate_table(rows: dict[str, dict]) -> list[str]:
+def rate_table(rows: dict[str, dict], ref_name: str = "aiayn") -> list[str]:
     """A markdown table of throughputs (higher is better); the ratio of medians."""
-    ref = rows["aiayn"]["wall"]["median"]
+    ref = rows[ref_name]["wall"]["median"]
     head = ("| model | median | min | max | CPU-time median | CPU-time min "
-            "| CPU-time max | ratio aiayn/model |")
+            f"| CPU-time max | ratio {ref_name}/model |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, row in rows.items():
         wall, cpu = row["wall"], row["cpu"]

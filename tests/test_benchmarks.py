@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +90,52 @@ def test_attention_cost_runs_and_writes_every_repetition(tmp_path) -> None:
         for per_length in result["seconds"].values():
             assert len(per_length) == len(result["lengths"])
             assert all(len(reps) == 2 and min(reps) > 0 for reps in per_length)
+
+
+def load_script(name: str):
+    """A benchmark script as a module (benchmarks/ is no package)."""
+    path = ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_flops_formula_counts_the_forward_and_backward_products() -> None:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    train_mfu = load_script("train_mfu")
+    peers = train_mfu.peers
+    size = peers.Size("test", 50, 16, 2, 2, 24, 3, 10, 1, 3, (3, 6))
+    batch = peers.train_batches(size, 1)[0]
+    assert batch.src.size(1) != batch.tgt_in.size(1)  # S and T are not mixed up
+    model = peers.build_model("aiayn", size, 0.0).train()
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        logits = model(batch.src, batch.tgt_in)  # the math backend: counted products
+        F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten()).backward()
+    assert train_mfu.train_flops(size, batch) == counter.get_total_flops()
+
+
+def test_train_mfu_smoke_run_prints_throughput_and_mfu(tmp_path) -> None:
+    out = tmp_path / "mfu.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "train_mfu.py"), "--smoke",
+         "--peak-tflops", "0.5", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "peak: 0.5 TFLOP/s" in done.stdout
+    result = json.loads(out.read_text())
+    names = {"aiayn", "torch.nn"} | ({"Marian"} if HAVE_TRANSFORMERS else set())
+    assert set(result["extra"]) == names
+    for name, extra in result["extra"].items():
+        assert 0 < extra["mfu"] < 1 and f"| {name} | " in done.stdout
+        seconds = result["seconds"][name]["wall"]
+        achieved = result["flops"] / statistics.median(seconds)
+        assert abs(extra["tflops"] * 1e12 - achieved) < 1e-6 * achieved
