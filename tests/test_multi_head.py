@@ -234,6 +234,13 @@ def test_reorder_with_room_is_filled_in_place_by_the_next_append() -> None:
     twice.reorder(torch.tensor([3, 3]), room=1)
     twice.append(new_k[:2], new_v[:2])
     assert torch.equal(twice.k[:, :, :5], k[[1, 1]]) and torch.equal(twice.k[:, :, 5:], new_k[:2])
+    # keys set by hand after the reorder are kept: the room is not theirs
+    replaced = KVCache(k, v)
+    replaced.reorder(index, room=1)
+    replaced.k, replaced.v = torch.zeros(2, 4, N_HEADS, 5, 8).unbind(0)
+    replaced.append(new_k, new_v)
+    assert torch.equal(replaced.k, torch.cat([torch.zeros(4, N_HEADS, 5, 8), new_k], 2))
+    assert torch.equal(replaced.v, torch.cat([torch.zeros(4, N_HEADS, 5, 8), new_v], 2))
 
 
 def test_reorder_with_room_under_autograd_keeps_the_graph() -> None:

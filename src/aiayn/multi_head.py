@@ -240,9 +240,7 @@ class KVCache:
         """Add new positions [batch, n_heads, new, d_k]; return all cached ones."""
         if self.k is None or self.v is None:
             self.k, self.v = k, v
-        elif self.spare is not None and self.spare[0].size(-2) == (
-            self.seq_len + k.size(-2)
-        ):  # reorder left exactly this room: fill it in place
+        elif self._room_for(k.size(-2)):  # reorder left this room: fill it in place
             spare_k, spare_v = self.spare
             spare_k[:, :, self.seq_len :] = k
             spare_v[:, :, self.seq_len :] = v
@@ -252,6 +250,14 @@ class KVCache:
             self.v = torch.cat([self.v, v], dim=2)
         self.spare = None
         return self.k, self.v
+
+    def _room_for(self, new: int) -> bool:
+        """Whether k and v lie in `spare` with exactly `new` free positions after."""
+        if self.spare is None or self.k is None:
+            return False
+        spare_k = self.spare[0]
+        same = spare_k.data_ptr() == self.k.data_ptr()  # not replaced since reorder
+        return same and spare_k.size(-2) == self.seq_len + new
 
     def reorder(self, index: Tensor, room: int = 0) -> None:
         """Keep the batch rows `index`, in that order (e.g. the surviving beams).
