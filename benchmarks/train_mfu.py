@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, help="pairs of seq_len/2 .. seq_len-1 tokens")
     p.add_argument("--steps", type=int, default=None, help="batches per repetition")
     p.add_argument("--reps", type=int, default=None, help="repetitions (default 5)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per contender")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed passes over the batches per contender (compilation)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's peak TFLOP/s for this precision (for the MFU)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (1)")
@@ -158,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                 optimizer = peers.new_optimizer(model)
                 run = torch.compile(model) if compiled else model
                 step = steps[label] = step_fn(name, run, optimizer, dtype, device)
-                for _ in range(args.warmup):  # Adam's state, compilation, the allocator
-                    step(batches[0])
+                for _ in range(args.warmup):  # Adam's state, compiling every shape
+                    for batch in batches:
+                        step(batch)
                 if device.type == "cuda":
                     sync()
                     torch.cuda.reset_peak_memory_stats(device)
