@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The book's `aiayn.Transformer` against two peers of the same size, on the CPU.
+"""The book's `aiayn.Transformer` against two peers of the same size.
 
 The peers are Hugging Face's `MarianMTModel` (the architecture of Marian NMT and of
 the OPUS-MT models), built with random weights from a `MarianConfig` of the same
@@ -7,7 +7,8 @@ size, and `torch.nn.Transformer` between the book's embeddings and tied head (th
 `TorchTransformerModel` of train_throughput.py). All three are the paper's post-norm
 encoder-decoder with ReLU, sinusoidal positions, embeddings scaled by sqrt(d_model)
 and one matrix shared by the source and target embeddings and the output layer. Every
-run is float32 on the CPU with one thread (`--threads`), and measures, side by side:
+run is float32, on the CPU with one thread (`--threads`) unless `--device` names a
+GPU, and measures, side by side:
 
 1. train: tokens per second of a full training step (zero_grad, forward, the same
    label-smoothed cross-entropy, backward, the same Adam update) of the three models
@@ -22,7 +23,9 @@ run is float32 on the CPU with one thread (`--threads`), and measures, side by s
    step's cost is that peak minus the resident memory before it, the activations,
    gradients and temporaries (the weights and Adam's state are in the baseline).
    `resource.getrusage(...).ru_maxrss` is not used, because it also keeps the
-   parent's high-water mark when the child is spawned with vfork;
+   parent's high-water mark when the child is spawned with vfork. On a CUDA device
+   it is instead the peak that the step allocates there beyond what was allocated
+   before it (`torch.cuda.max_memory_allocated`), in this process;
 3. decode: generated tokens per second of greedy search and beam search (beam 4) of
    aiayn (`greedy_search`, `beam_search`) and of Marian (`generate`), each writing
    exactly `--gen-len` tokens per sentence of the same source batch.
@@ -72,6 +75,7 @@ from aiayn import Transformer, TransformerConfig
 from aiayn.batching import Batch
 from aiayn.decoding import beam_search, greedy_search
 from aiayn.optim import make_optimizer
+from aiayn.train import pick_device
 
 # benchmarks/ is no package: import train_throughput.py, next to this file, by path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -215,6 +219,14 @@ def train_batches(size: Size, n: int) -> list[Batch]:
 # Timing and statistics
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a timer sees all of it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     """Wall seconds, CPU seconds of this process, and the result of one call of fn."""
     wall, cpu = time.perf_counter(), time.process_time()
@@ -284,15 +296,18 @@ def rate_table(rows: dict[str, dict], ref_name: str = "aiayn") -> list[str]:
 
 
 def measure_train(names: list[str], size: Size, args: argparse.Namespace) -> dict:
-    models = {name: build_model(name, size, args.dropout).train() for name in names}
+    device = args.device
+    models = {name: build_model(name, size, args.dropout).to(device).train()
+              for name in names}
     optimizers = {name: new_optimizer(m) for name, m in models.items()}
-    batches = train_batches(size, args.steps or size.steps)
+    batches = [b.to(device) for b in train_batches(size, args.steps or size.steps)]
     tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)  # real tokens
 
     def run(name: str) -> Callable[[], None]:
         def steps() -> None:
             for batch in batches:
                 train_step(name, models[name], optimizers[name], batch)
+            synchronize(device)
         return steps
 
     runs = {name: run(name) for name in names}
@@ -370,26 +385,50 @@ def run_child(name: str, size: Size, args: argparse.Namespace) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def cuda_step_memory(name: str, size: Size, args: argparse.Namespace) -> dict:
+    """On a CUDA device: the MiB one training step allocates beyond what it found."""
+    device = args.device
+    model = build_model(name, size, args.dropout).to(device).train()
+    optimizer = new_optimizer(model)
+    batch = train_batches(size, 1)[0].to(device)
+    train_step(name, model, optimizer, batch)  # untimed: Adam's state now exists
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device) / 2**20
+    train_step(name, model, optimizer, batch)
+    synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20
+    del model, optimizer
+    torch.cuda.empty_cache()
+    return {"model": name, "rss_before_mib": before, "peak_mib": peak,
+            "step_mib": peak - before, "hwm_reset": True}
+
+
 def measure_memory(names: list[str], size: Size, args: argparse.Namespace) -> dict:
+    on_cuda = args.device.type == "cuda"
     samples: dict[str, list[dict]] = {name: [] for name in names}
     for rep in range(args.reps):
         k = rep % len(names)
         for name in names[k:] + names[:k]:
-            samples[name].append(run_child(name, size, args))
+            measure = cuda_step_memory if on_cuda else run_child
+            samples[name].append(measure(name, size, args))
     step = {n: summary([s["step_mib"] for s in ss]) for n, ss in samples.items()}
     before = {n: statistics.median(s["rss_before_mib"] for s in ss)
               for n, ss in samples.items()}
     ref = step["aiayn"]["median"]
-    head = ("| model | median MiB | min | max | RSS before the step, MiB "
+    held = "allocated" if on_cuda else "RSS"
+    head = (f"| model | median MiB | min | max | {held} before the step, MiB "
             "| ratio aiayn/model |")
     table = [head, "|---|---:|---:|---:|---:|---:|"]
     for name, s in step.items():
         table.append(f"| {name} | {mib(s['median'])} | {mib(s['min'])} "
                      f"| {mib(s['max'])} | {before[name]:,.0f} "
                      f"| {ratio(ref, s['median'])} |")
-    title = (f"memory of one training step, MiB added to the resident set (lower is "
-             f"better): a batch of {size.batch_size} pairs of up to "
-             f"{size.seq_len - 1} tokens, a fresh process per model and repetition")
+    added = ("the peak MiB it allocates on the GPU" if on_cuda
+             else "MiB added to the resident set")
+    fresh = "" if on_cuda else ", a fresh process per model and repetition"
+    title = (f"memory of one training step, {added} (lower is better): a batch of "
+             f"{size.batch_size} pairs of up to {size.seq_len - 1} tokens{fresh}")
     notes = []
     if not all(s["hwm_reset"] for ss in samples.values() for s in ss):
         notes.append("WARNING: VmHWM could not be reset here; the warm-up step's peak "
@@ -435,8 +474,10 @@ def decoders(name: str, model: nn.Module, src: Tensor, beams: int
 
 def measure_decode(size: Size, args: argparse.Namespace) -> dict:
     names = ["aiayn", MARIAN]
-    models = {name: build_model(name, size, args.dropout).eval() for name in names}
-    src = decode_source(size, args.decode_batch or size.decode_batch)
+    device = args.device
+    models = {name: build_model(name, size, args.dropout).to(device).eval()
+              for name in names}
+    src = decode_source(size, args.decode_batch or size.decode_batch).to(device)
     m = args.gen_len
     tokens = src.size(0) * m  # generated tokens of one search
     result = {}
@@ -449,7 +490,14 @@ def measure_decode(size: Size, args: argparse.Namespace) -> dict:
         with torch.inference_mode():
             for name in names:  # warm-up, shorter
                 search[name](min(m, 8))
-            runs = {name: (lambda f=search[name]: f(m)) for name in names}
+            def run(f: Callable[[int], Tensor]) -> Callable[[], Tensor]:
+                def search_m() -> Tensor:
+                    out = f(m)
+                    synchronize(device)
+                    return out
+                return search_m
+
+            runs = {name: run(search[name]) for name in names}
             seconds = interleaved(runs, args.reps, check)
         rows = rate_rows(seconds, tokens)
         title = (f"{label} decoding, generated tokens/s (higher is better): "
@@ -477,8 +525,10 @@ def header(size: Size, counts: dict[str, int], attention: str | None,
     n = size.layers
     title = (f"## {size.name}: vocabulary {size.vocab:,}, d_model {size.d_model}, "
              f"{size.heads} heads, {n}+{n} layers, d_ff {size.d_ff}")
-    setting = (f"post-norm, dropout {args.dropout}; CPU ({platform.machine()}), "
-               f"float32, {torch.get_num_threads()} thread(s); "
+    where = (torch.cuda.get_device_name(args.device) if args.device.type == "cuda"
+             else f"{args.device.type.upper()} ({platform.machine()})")
+    setting = (f"post-norm, dropout {args.dropout}; {where}, "
+               f"float32, {torch.get_num_threads()} CPU thread(s); "
                f"torch {torch.__version__}, transformers {transformers_version()}; "
                f"{args.reps} repetition(s)")
     if attention:
@@ -522,9 +572,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="source sentences to decode (default 32)")
     p.add_argument("--dropout", type=float, default=0.0, help="every dropout (0.0)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default), cuda, mps or auto; off the CPU the memory "
+                   "measurement is what the device allocates for one step")
     p.add_argument("--json", type=Path, default=None, help="write every raw number")
     p.add_argument(CHILD_FLAG, dest="memory_child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    try:
+        args.device = pick_device(args.device)
+    except ValueError as err:
+        p.error(str(err))
     if args.reps is None:
         args.reps = 1 if args.smoke else 7
     if args.gen_len is None:
@@ -553,7 +610,10 @@ def run_size(size: Size, args: argparse.Namespace, marian: bool) -> dict:
     if "train" in only:
         train = out["train"] = measure_train(names, size, args)
         print_section(f"{size.name}: {train['title']}", train["table"])
-    if "memory" in only:
+    if "memory" in only and args.device.type not in ("cpu", "cuda"):
+        print(f"\n(memory is measured on the CPU and on CUDA only: skipped on "
+              f"{args.device.type})")
+    elif "memory" in only:
         memory = out["memory"] = measure_memory(names, size, args)
         print_section(f"{size.name}: {memory['title']}", memory["table"],
                       memory["notes"])
@@ -579,7 +639,8 @@ def main(argv: list[str] | None = None) -> int:
         print("Marian skipped: transformers is not installed "
               "(pip install -r benchmarks/requirements.txt)")
     results: dict[str, Any] = {"meta": {
-        "threads": args.threads, "reps": args.reps, "warmup": args.warmup,
+        "device": str(args.device), "threads": args.threads, "reps": args.reps,
+        "warmup": args.warmup,
         "dropout": args.dropout, "gen_len": args.gen_len, "torch": torch.__version__,
         "transformers": transformers_version(), "machine": platform.machine(),
         "python": platform.python_version(),
