@@ -43,8 +43,8 @@ import math
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,6 +56,9 @@ from aiayn.attention import scaled_dot_product_attention
 from aiayn.multi_head import MultiHeadAttention
 from aiayn.sublayers import PositionwiseFeedForward
 from aiayn.train import pick_device
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers.py, next to this file
+import peers  # noqa: E402
 
 LENGTHS = {  # per measurement: (lengths, how many of the last ones fit the slope)
     "length": ([128, 256, 512, 1024, 2048], 4),
@@ -69,20 +72,21 @@ SMOKE_LENGTHS = {"length": ([16, 32], 2), "lstm": ([8, 16], 2),
 
 def interleaved(runs: dict[str, Callable[[], Any]], reps: int,
                 sync: Callable[[], None]) -> dict[str, list[float]]:
-    """Wall seconds of each run, {name: [...]}, rotating the order every repetition."""
-    names = list(runs)
-    for name in names:  # warm-up, untimed
-        runs[name]()
-    sync()
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    for rep in range(reps):
-        k = rep % len(names)
-        for name in names[k:] + names[:k]:
-            start = time.perf_counter()
-            runs[name]()
+    """Wall seconds of each run, {name: [...]}, in peers.py's rotating order.
+
+    Each run is called once untimed first, and the device is synchronised inside
+    every timing.
+    """
+    def synced(run: Callable[[], Any]) -> Callable[[], None]:
+        def go() -> None:
+            run()
             sync()
-            seconds[name].append(time.perf_counter() - start)
-    return seconds
+        return go
+
+    timed = {name: synced(run) for name, run in runs.items()}
+    for run in timed.values():  # warm-up, untimed
+        run()
+    return {name: s["wall"] for name, s in peers.interleaved(timed, reps).items()}
 
 
 def slope(lengths: list[int], values: list[float]) -> float:
@@ -269,10 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(args.device)
 
     def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elif device.type == "mps":
-            torch.mps.synchronize()
+        peers.synchronize(device)
 
     reps = 2 if args.smoke else args.reps
     print(f"attention cost: {device.type} ({platform.machine()}), float32, "

@@ -130,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = DTYPES[args.dtype]
 
     def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elif device.type == "mps":
-            torch.mps.synchronize()
+        peers.synchronize(device)
 
     names = ["aiayn", peers.TORCH]
     if peers.have_transformers():

@@ -19,19 +19,23 @@ ROOT = Path(__file__).resolve().parent.parent
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
-def test_peers_smoke_run_prints_every_table() -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def run_script(name: str, *args: str, timeout: int = 120) -> str:
+    """The stdout of benchmarks/NAME.py ARGS run on one thread; it must succeed."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--smoke"],
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
         check=False,
     )
-    out = done.stdout
     assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_peers_smoke_run_prints_every_table() -> None:
+    out = run_script("peers", "--smoke", timeout=180)
     assert "## smoke: vocabulary 200, d_model 32" in out
     assert "parameters: aiayn " in out
     for title in ("training step", "memory of one training step"):
@@ -51,37 +55,20 @@ def test_peers_smoke_run_prints_every_table() -> None:
 
 
 def test_kv_cache_layouts_decode_the_same_tokens() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "kv_cache.py"), "--size", "smoke",
-         "--reps", "1", "--gen-len", "6", "--batch", "3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    out = run_script("kv_cache", "--size", "smoke", "--reps", "1", "--gen-len", "6",
+                     "--batch", "3")
     for search in ("greedy", "beam 4"):
-        assert f"### {search}: generated tokens/s, the same tokens: True" in done.stdout
-    assert done.stdout.count("| buffer | ") == 2
+        assert f"### {search}: generated tokens/s, the same tokens: True" in out
+    assert out.count("| buffer | ") == 2
 
 
 def test_attention_cost_runs_and_writes_every_repetition(tmp_path) -> None:
-    out = tmp_path / "cost.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "attention_cost.py"), "--smoke",
-         "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    path = tmp_path / "cost.json"
+    out = run_script("attention_cost", "--smoke", "--json", str(path))
     for section in ("### length:", "### lstm:", "### backends:", "### query:"):
-        assert section in done.stdout
-    assert "the backends that run on cpu: MATH, FLASH_ATTENTION" in done.stdout
-    results = json.loads(out.read_text())["results"]
+        assert section in out
+    assert "the backends that run on cpu: MATH, FLASH_ATTENTION" in out
+    results = json.loads(path.read_text())["results"]
     assert set(results) == {"length", "lstm", "backends", "query"}
     assert set(results["query"]) == {"32", "128"}  # sequences
     tables = [results["length"], results["lstm"], results["backends"],
@@ -119,23 +106,15 @@ def test_train_flops_formula_counts_the_forward_and_backward_products() -> None:
 
 
 def test_train_mfu_smoke_run_prints_throughput_and_mfu(tmp_path) -> None:
-    out = tmp_path / "mfu.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "train_mfu.py"), "--smoke",
-         "--peak-tflops", "0.5", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "peak: 0.5 TFLOP/s" in done.stdout
-    result = json.loads(out.read_text())
+    path = tmp_path / "mfu.json"
+    out = run_script("train_mfu", "--smoke", "--peak-tflops", "0.5",
+                     "--json", str(path))
+    assert "peak: 0.5 TFLOP/s" in out
+    result = json.loads(path.read_text())
     names = {"aiayn", "torch.nn"} | ({"Marian"} if HAVE_TRANSFORMERS else set())
     assert set(result["extra"]) == names
     for name, extra in result["extra"].items():
-        assert 0 < extra["mfu"] < 1 and f"| {name} | " in done.stdout
+        assert 0 < extra["mfu"] < 1 and f"| {name} | " in out
         seconds = result["seconds"][name]["wall"]
         achieved = result["flops"] / statistics.median(seconds)
         assert abs(extra["tflops"] * 1e12 - achieved) < 1e-6 * achieved
