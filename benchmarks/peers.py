@@ -25,7 +25,11 @@ GPU, and measures, side by side:
    `resource.getrusage(...).ru_maxrss` is not used, because it also keeps the
    parent's high-water mark when the child is spawned with vfork. On a CUDA device
    it is instead the peak that the step allocates there beyond what was allocated
-   before it (`torch.cuda.max_memory_allocated`), in this process;
+   before it (`torch.cuda.max_memory_allocated`), in this process. Next to it, the
+   MiB of activations that autograd saves for the backward pass of one step
+   (`torch.autograd.graph.saved_tensors_hooks`, each storage once, weights left
+   out): the part of the step's memory that the model's code decides, the same on
+   every machine;
 3. decode: generated tokens per second of greedy search and beam search (beam 4) of
    aiayn (`greedy_search`, `beam_search`) and of Marian (`generate`), each writing
    exactly `--gen-len` tokens per sentence of the same source batch.
@@ -404,6 +408,31 @@ def cuda_step_memory(name: str, size: Size, args: argparse.Namespace) -> dict:
             "step_mib": peak - before, "hwm_reset": True}
 
 
+def saved_for_backward_mib(name: str, size: Size, args: argparse.Namespace) -> float:
+    """MiB that autograd keeps for the backward pass of one step's forward and loss.
+
+    The sum over the distinct storages of the tensors saved for backward, weights
+    left out: the activations, whatever the allocator does (same on every machine).
+    """
+    torch.manual_seed(0)
+    model = build_model(name, size, args.dropout).train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}  # storage address -> bytes
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    batch = train_batches(size, 1)[0]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = logits_of(name, model, batch)
+        F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(),
+                        ignore_index=PAD, label_smoothing=0.1)
+    return sum(saved.values()) / 2**20
+
+
 def measure_memory(names: list[str], size: Size, args: argparse.Namespace) -> dict:
     on_cuda = args.device.type == "cuda"
     samples: dict[str, list[dict]] = {name: [] for name in names}
@@ -415,14 +444,15 @@ def measure_memory(names: list[str], size: Size, args: argparse.Namespace) -> di
     step = {n: summary([s["step_mib"] for s in ss]) for n, ss in samples.items()}
     before = {n: statistics.median(s["rss_before_mib"] for s in ss)
               for n, ss in samples.items()}
+    saved = {n: saved_for_backward_mib(n, size, args) for n in names}
     ref = step["aiayn"]["median"]
     held = "allocated" if on_cuda else "RSS"
     head = (f"| model | median MiB | min | max | {held} before the step, MiB "
-            "| ratio aiayn/model |")
-    table = [head, "|---|---:|---:|---:|---:|---:|"]
+            "| saved for backward, MiB | ratio aiayn/model |")
+    table = [head, "|---|---:|---:|---:|---:|---:|---:|"]
     for name, s in step.items():
         table.append(f"| {name} | {mib(s['median'])} | {mib(s['min'])} "
-                     f"| {mib(s['max'])} | {before[name]:,.0f} "
+                     f"| {mib(s['max'])} | {before[name]:,.0f} | {mib(saved[name])} "
                      f"| {ratio(ref, s['median'])} |")
     added = ("the peak MiB it allocates on the GPU" if on_cuda
              else "MiB added to the resident set")
@@ -433,8 +463,12 @@ def measure_memory(names: list[str], size: Size, args: argparse.Namespace) -> di
     if not all(s["hwm_reset"] for ss in samples.values() for s in ss):
         notes.append("WARNING: VmHWM could not be reset here; the warm-up step's peak "
                      "may hide the measured step's, so these numbers are lower bounds")
-    return {"title": title, "samples": samples, "step": step, "table": table,
-            "notes": notes}
+    notes.append("saved for backward: the activations that autograd keeps for one "
+                 "step's backward pass (weights excluded), counted once per storage "
+                 "on the CPU; the rest of a step's memory is gradients and "
+                 "temporaries")
+    return {"title": title, "samples": samples, "step": step, "saved_mib": saved,
+            "table": table, "notes": notes}
 
 
 # ----------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ def test_peers_smoke_run_prints_every_table() -> None:
         assert f"### smoke: {title}" in out
     assert out.count("| model | median | min | max | CPU-time median") >= 1
     assert "| model | median MiB |" in out
+    assert "| saved for backward, MiB |" in out
     for model in ("aiayn", "torch.nn"):
         assert out.count(f"| {model} | ") >= 2, out  # a training row and a memory row
     if HAVE_TRANSFORMERS:
