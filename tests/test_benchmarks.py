@@ -119,3 +119,41 @@ def test_train_mfu_smoke_run_prints_throughput_and_mfu(tmp_path) -> None:
         seconds = result["seconds"][name]["wall"]
         achieved = result["flops"] / statistics.median(seconds)
         assert abs(extra["tflops"] * 1e12 - achieved) < 1e-6 * achieved
+
+
+def test_linear_timer_sees_every_linear_layer_of_a_search() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from aiayn.decoding import greedy_search
+
+    linear_share = load_script("linear_share")
+    peers = linear_share.peers
+    size = peers.SIZES["smoke"]  # one encoder and one decoder layer
+    model = peers.build_model("aiayn", size, 0.0).eval()
+    src = peers.decode_source(size, 3)
+    m = 4
+    with torch.inference_mode(), linear_share.LinearTimer() as timer:
+        greedy_search(model, src, max_len=m, min_len=m)
+    assert F.linear is linear_share._linear  # restored on leaving
+    # encoder: in_proj, out_proj and the two of the FFN; cross-attention keys and
+    # values once; every step: in_proj, out_proj, cross query and output, the FFN's
+    # two, and the output layer
+    assert timer.calls == 4 + 1 + m * 7
+    assert timer.seconds > 0
+
+
+def test_linear_share_smoke_run_or_a_clear_message() -> None:
+    if not HAVE_TRANSFORMERS:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "linear_share.py"), "--smoke"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert done.returncode == 2
+        assert "pip install -r benchmarks/requirements.txt" in done.stdout
+        return
+    out = run_script("linear_share", "--smoke")
+    for search in ("greedy", "beam 4"):
+        assert f"### smoke: {search} search of 4 sentences" in out
+        assert f"{search}: aiayn/Marian now " in out
+    assert out.count("| aiayn | ") == 2 and out.count("| Marian | ") == 2

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""What bounds aiayn's decoding speed against Marian's: the time in the linear layers.
+
+aiayn and Marian (built as in peers.py, the same size and the same weights' shapes)
+decode with the same linear layers: the same matrix products, one per projection,
+feed-forward layer and output layer, on the same batch. This script runs peers.py's
+decoding workload (greedy and beam-4 search that write exactly `--gen-len` tokens
+per sentence) with every call of `torch.nn.functional.linear`, through which both
+models' linear layers go, timed as well. For each model it prints the search's wall
+time, the time inside those calls, and the rest (attention, the cache, the search's
+bookkeeping, Python).
+
+The linear time is work that aiayn cannot skip without computing less. So even if
+everything else of aiayn took no time at all, its speed could be at most
+Marian's total over aiayn's linear time: the "bound" column. A target above that
+bound cannot be met by removing overhead. Repetitions are interleaved as in
+peers.py, one thread, medians with min and max.
+
+    python benchmarks/linear_share.py                       # book and base sizes
+    python benchmarks/linear_share.py --size book --reps 3
+    python benchmarks/linear_share.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers.py, next to this file
+import peers  # noqa: E402
+
+_linear = F.linear
+
+
+class LinearTimer:
+    """While active, F.linear adds the wall seconds of each call to `seconds`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+    def linear(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        start = time.perf_counter()
+        out = _linear(*args, **kwargs)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        return out
+
+    def __enter__(self) -> LinearTimer:
+        F.linear = self.linear
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        F.linear = _linear
+
+
+def timed_search(search: Callable[[int], torch.Tensor], m: int) -> dict[str, float]:
+    """One search of m tokens: its wall seconds and the seconds inside F.linear."""
+    with LinearTimer() as timer:
+        start = time.perf_counter()
+        search(m)
+        total = time.perf_counter() - start
+    return {"total": total, "linear": timer.seconds, "calls": timer.calls}
+
+
+def measure(size: peers.Size, args: argparse.Namespace) -> dict[str, Any]:
+    names = ["aiayn", peers.MARIAN]
+    models = {name: peers.build_model(name, size, 0.0).eval() for name in names}
+    src = peers.decode_source(size, size.decode_batch)
+    out: dict[str, Any] = {}
+    for label, beams in (("greedy", 1), ("beam 4", 4)):
+        search = {n: peers.decoders(n, models[n], src, beams) for n in names}
+        samples: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+        with torch.inference_mode():
+            for name in names:  # warm-up, shorter
+                search[name](min(args.gen_len, 8))
+            for rep in range(args.reps):
+                k = rep % len(names)
+                for name in names[k:] + names[:k]:
+                    samples[name].append(timed_search(search[name], args.gen_len))
+        out[label] = samples
+    return out
+
+
+def med(samples: list[dict[str, float]], key: str) -> float:
+    return statistics.median(s[key] for s in samples)
+
+
+def table(label: str, samples: dict[str, list[dict[str, float]]]) -> list[str]:
+    """Milliseconds per search: total, linear, rest; the share and the bound."""
+    lines = ["| model | total ms (median [min-max]) | linear ms | rest ms "
+             "| linear share | F.linear calls |", "|---|---:|---:|---:|---:|---:|"]
+    for name, ss in samples.items():
+        totals = [1e3 * s["total"] for s in ss]
+        total, linear = 1e3 * med(ss, "total"), 1e3 * med(ss, "linear")
+        rest = 1e3 * statistics.median(s["total"] - s["linear"] for s in ss)
+        lines.append(f"| {name} | {total:,.1f} [{min(totals):,.1f}-{max(totals):,.1f}] "
+                     f"| {linear:,.1f} | {rest:,.1f} | {linear / total:.0%} "
+                     f"| {int(med(ss, 'calls'))} |")
+    ours, theirs = samples["aiayn"], samples[peers.MARIAN]
+    now = med(theirs, "total") / med(ours, "total")
+    bound = med(theirs, "total") / med(ours, "linear")
+    lines.append("")
+    lines.append(f"{label}: aiayn/Marian now {now:.2f}x; at most {bound:.2f}x if "
+                 "aiayn's rest took no time")
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", action="append", choices=["book", "base"],
+                   help="model size, repeatable (default: book and base)")
+    p.add_argument("--smoke", action="store_true", help="a tiny model, in seconds")
+    p.add_argument("--gen-len", type=int, default=40, help="tokens per sentence (40)")
+    p.add_argument("--reps", type=int, default=7, help="timed repetitions (7)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
+    p.add_argument("--json", type=Path, default=None, help="write every sample")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.gen_len, args.reps = min(args.gen_len, 5), min(args.reps, 2)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not peers.have_transformers():
+        print("Marian is needed here: pip install -r benchmarks/requirements.txt")
+        return 2
+    torch.set_num_threads(args.threads)
+    names = ["smoke"] if args.smoke else dict.fromkeys(args.size or ["book", "base"])
+    print(f"CPU ({platform.machine()}), float32, {args.threads} thread(s), torch "
+          f"{torch.__version__}, transformers {peers.transformers_version()}; "
+          f"{args.reps} repetitions, exactly {args.gen_len} tokens per sentence")
+    results: dict[str, Any] = {"meta": vars(args) | {"json": None}}
+    for name in names:
+        size = peers.SIZES[name]
+        results[name] = measure(size, args)
+        for label, samples in results[name].items():
+            print(f"\n### {name}: {label} search of {size.decode_batch} sentences\n")
+            print("\n".join(table(label, samples)))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+        print(f"\nraw numbers: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
