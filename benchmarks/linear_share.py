@@ -16,8 +16,16 @@ Marian's total over aiayn's linear time: the "bound" column. A target above that
 bound cannot be met by removing overhead. Repetitions are interleaved as in
 peers.py, one thread, medians with min and max.
 
+`--train` does the same for peers.py's training step (forward, loss, backward and
+Adam on a batch of the size's training shape), where the backward pass's matrix
+products do not go through F.linear: there the linear time is the self time of
+`aten::mm` and `aten::addmm` in PyTorch's profiler, forward and backward, and the
+total is the step's wall time under the profiler (which adds a little to every
+operation; so both are a little higher than without it).
+
     python benchmarks/linear_share.py                       # book and base sizes
     python benchmarks/linear_share.py --size book --reps 3
+    python benchmarks/linear_share.py --train --size base
     python benchmarks/linear_share.py --smoke
 """
 
@@ -92,14 +100,51 @@ def measure(size: peers.Size, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+MATMULS = ("aten::mm", "aten::addmm")  # what the linear layers call, both passes
+
+
+def profiled_step(step: Callable[[], None]) -> dict[str, float]:
+    """One training step under the profiler: its wall seconds and mm + addmm's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        step()
+        total = time.perf_counter() - start
+    ops = [e for e in prof.key_averages() if e.key in MATMULS]
+    return {"total": total, "linear": sum(e.self_cpu_time_total for e in ops) / 1e6,
+            "calls": sum(e.count for e in ops)}
+
+
+def measure_train(size: peers.Size, args: argparse.Namespace) -> dict[str, Any]:
+    names = ["aiayn", peers.MARIAN]
+    models = {name: peers.build_model(name, size, 0.0).train() for name in names}
+    optimizers = {name: peers.new_optimizer(m) for name, m in models.items()}
+    batch = peers.train_batches(size, 1)[0]
+
+    def step(name: str) -> Callable[[], None]:
+        return lambda: peers.train_step(name, models[name], optimizers[name], batch)
+
+    for name in names:  # warm-up: Adam's state, the allocator
+        for _ in range(2):
+            step(name)()
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for rep in range(args.reps):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            samples[name].append(profiled_step(step(name)))
+    return {"training step": samples}
+
+
 def med(samples: list[dict[str, float]], key: str) -> float:
     return statistics.median(s[key] for s in samples)
 
 
 def table(label: str, samples: dict[str, list[dict[str, float]]]) -> list[str]:
     """Milliseconds per search: total, linear, rest; the share and the bound."""
+    calls = "mm + addmm calls" if label == "training step" else "F.linear calls"
     lines = ["| model | total ms (median [min-max]) | linear ms | rest ms "
-             "| linear share | F.linear calls |", "|---|---:|---:|---:|---:|---:|"]
+             f"| linear share | {calls} |", "|---|---:|---:|---:|---:|---:|"]
     for name, ss in samples.items():
         totals = [1e3 * s["total"] for s in ss]
         total, linear = 1e3 * med(ss, "total"), 1e3 * med(ss, "linear")
@@ -122,6 +167,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", action="append", choices=["book", "base"],
                    help="model size, repeatable (default: book and base)")
     p.add_argument("--smoke", action="store_true", help="a tiny model, in seconds")
+    p.add_argument("--train", action="store_true",
+                   help="the training step instead of decoding")
     p.add_argument("--gen-len", type=int, default=40, help="tokens per sentence (40)")
     p.add_argument("--reps", type=int, default=7, help="timed repetitions (7)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
@@ -141,13 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     names = ["smoke"] if args.smoke else dict.fromkeys(args.size or ["book", "base"])
     print(f"CPU ({platform.machine()}), float32, {args.threads} thread(s), torch "
           f"{torch.__version__}, transformers {peers.transformers_version()}; "
-          f"{args.reps} repetitions, exactly {args.gen_len} tokens per sentence")
+          f"{args.reps} repetitions" + ("" if args.train else
+          f", exactly {args.gen_len} tokens per sentence"))
     results: dict[str, Any] = {"meta": vars(args) | {"json": None}}
     for name in names:
         size = peers.SIZES[name]
-        results[name] = measure(size, args)
+        results[name] = (measure_train if args.train else measure)(size, args)
         for label, samples in results[name].items():
-            print(f"\n### {name}: {label} search of {size.decode_batch} sentences\n")
+            work = (f"{label}, a batch of {size.batch_size} pairs" if args.train
+                    else f"{label} search of {size.decode_batch} sentences")
+            print(f"\n### {name}: {work}\n")
             print("\n".join(table(label, samples)))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))

@@ -157,3 +157,24 @@ def test_linear_share_smoke_run_or_a_clear_message() -> None:
         assert f"### smoke: {search} search of 4 sentences" in out
         assert f"{search}: aiayn/Marian now " in out
     assert out.count("| aiayn | ") == 2 and out.count("| Marian | ") == 2
+    out = run_script("linear_share", "--smoke", "--train")
+    assert "### smoke: training step, a batch of 4 pairs" in out
+    assert "| mm + addmm calls |" in out and "training step: aiayn/Marian now " in out
+
+
+def test_profiled_step_counts_the_products_of_both_passes() -> None:
+    linear_share = load_script("linear_share")
+    peers = linear_share.peers
+    size = peers.SIZES["smoke"]
+    model = peers.build_model("aiayn", size, 0.0).train()
+    optimizer = peers.new_optimizer(model)
+    batch = peers.train_batches(size, 1)[0]
+    sample = linear_share.profiled_step(
+        lambda: peers.train_step("aiayn", model, optimizer, batch)
+    )
+    # 12 products forward: the encoder layer's in_proj, out_proj and FFN (4), the
+    # decoder layer's in_proj, out_proj, cross query, cross keys and values, cross
+    # output and FFN (7), the output layer (1). Backward, two each: the weight's
+    # gradient and the input's (every input needs one: the embeddings are trained).
+    assert sample["calls"] == 3 * 12
+    assert 0 < sample["linear"] < sample["total"]
