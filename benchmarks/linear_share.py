@@ -88,16 +88,21 @@ def measure(size: peers.Size, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for label, beams in (("greedy", 1), ("beam 4", 4)):
         search = {n: peers.decoders(n, models[n], src, beams) for n in names}
-        samples: dict[str, list[dict[str, float]]] = {name: [] for name in names}
         with torch.inference_mode():
             for name in names:  # warm-up, shorter
                 search[name](min(args.gen_len, 8))
-            for rep in range(args.reps):
-                k = rep % len(names)
-                for name in names[k:] + names[:k]:
-                    samples[name].append(timed_search(search[name], args.gen_len))
-        out[label] = samples
+            out[label] = sampled({
+                n: lambda n=n: timed_search(search[n], args.gen_len) for n in names
+            }, args.reps)
     return out
+
+
+def sampled(runs: dict[str, Callable[[], dict[str, float]]], reps: int
+            ) -> dict[str, list[dict[str, float]]]:
+    """What each run returns, repetition by repetition, in peers.py's rotating order."""
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+    peers.interleaved(runs, reps, lambda name, out: samples[name].append(out))
+    return samples
 
 
 MATMULS = ("aten::mm", "aten::addmm")  # what the linear layers call, both passes
@@ -128,12 +133,8 @@ def measure_train(size: peers.Size, args: argparse.Namespace) -> dict[str, Any]:
     for name in names:  # warm-up: Adam's state, the allocator
         for _ in range(2):
             step(name)()
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in names}
-    for rep in range(args.reps):
-        k = rep % len(names)
-        for name in names[k:] + names[:k]:
-            samples[name].append(profiled_step(step(name)))
-    return {"training step": samples}
+    runs = {name: lambda name=name: profiled_step(step(name)) for name in names}
+    return {"training step": sampled(runs, args.reps)}
 
 
 def med(samples: list[dict[str, float]], key: str) -> float:
