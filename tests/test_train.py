@@ -424,3 +424,41 @@ def test_the_log_writes_metrics_jsonl_and_tensorboard(tmp_path):
     pytest.importorskip("tensorboard")
     events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+
+class RecordingLoader:
+    """A loader that notes the (batch, src_len, tgt_len) of each batch it yields."""
+
+    def __init__(self, loader):
+        self.loader, self.batch_sampler, self.shapes = loader, loader.batch_sampler, []
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.shapes.append((*batch.src.shape, batch.tgt_in.size(1)))
+            yield batch
+
+
+def test_compile_makes_one_dynamic_graph_for_every_batch_shape(monkeypatch):
+    """Token buckets give a new (batch, src_len, tgt_len) at nearly every step: after
+    the first shape the compiler must mark the sizes dynamic and reuse that graph,
+    not compile one per shape (a set of sizes in chapter 1's broadcast_shape did)."""
+    from torch._dynamo.utils import counters
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: real_compile(m, backend="aot_eager", **kw))
+    torch._dynamo.reset()
+    counters.clear()
+    pairs = encode_pairs(TOKENIZER, synthetic_pairs("copy", 2000, n_symbols=10, min_len=1, max_len=24, seed=3))
+    loader = RecordingLoader(make_loader(pairs, TOKENIZER, max_tokens=600, bucket_size=None))
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(TOKENIZER.vocab_size, max_len=25))
+    t = Trainer(model, config(steps=12, compile=True), loader, log=None)
+    try:
+        for _ in range(12):
+            t.train_step()
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert len(set(loader.shapes)) >= 8, loader.shapes
+    assert graphs <= 2, f"{graphs} graphs for {len(set(loader.shapes))} batch shapes"

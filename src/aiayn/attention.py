@@ -89,10 +89,17 @@ def broadcast_shape(*shapes: Sequence[int]) -> tuple[int, ...] | None:
     """
     result = []
     for sizes in itertools.zip_longest(*(reversed(s) for s in shapes), fillvalue=1):
-        other = set(sizes) - {1}
-        if len(other) > 1:
-            return None
-        result.append(other.pop() if other else 1)
+        # Comparisons only, no set: under torch.compile a size is symbolic, and
+        # hashing it would fix its value, one compiled graph per batch shape.
+        size = 1
+        for n in sizes:
+            if n == 1:
+                continue
+            if size == 1:
+                size = n
+            elif n != size:
+                return None
+        result.append(size)
     return tuple(reversed(result))
 
 
