@@ -295,8 +295,20 @@ def test_book_model_reads_the_cache_without_training(checkpoint, monkeypatch, tm
     assert isinstance(tokenizer, SubwordTokenizer) and not model.training
 
 
-def test_cpu_has_bf16_is_a_bool():
+def test_cpu_has_bf16_is_a_bool(monkeypatch):
+    monkeypatch.delenv("AIAYN_CPU_BF16", raising=False)
     assert isinstance(data.cpu_has_bf16(), bool)
+
+
+def test_cpu_has_bf16_can_be_switched_off_and_on(monkeypatch):
+    """AIAYN_CPU_BF16 reproduces a processor without (or with) bfloat16 instructions."""
+    monkeypatch.setenv("AIAYN_CPU_BF16", "0")
+    assert data.cpu_has_bf16() is False
+    monkeypatch.setenv("AIAYN_CPU_BF16", "1")
+    assert data.cpu_has_bf16() is True
+    monkeypatch.setenv("AIAYN_CPU_BF16", "no")
+    with pytest.raises(ValueError, match="AIAYN_CPU_BF16 must be 0 or 1, got 'no'"):
+        data.cpu_has_bf16()
 
 
 # --- commands in fresh processes ---------------------------------------------------------------------

@@ -164,6 +164,17 @@ def test_ctrl_c_saves_the_run_in_one_line_with_exit_code_130(tmp_path):
     assert read_checkpoint(tmp_path / "run" / "last.pt")["training"]["step"] >= 10
 
 
+def test_a_signal_to_the_process_and_its_group_still_saves(tmp_path):
+    """`timeout -s INT` signals the program, then its process group: two SIGINTs in a row."""
+    run = start_background_run(tmp_path, "run")
+    run.send_signal(signal.SIGINT)
+    time.sleep(0.3)  # the first handler call has run: an unguarded second one would raise
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 130 and err.startswith("interrupted: stopped by SIGINT after step "), err
+    assert read_checkpoint(tmp_path / "run" / "last.pt")["training"]["step"] >= 10
+
+
 def test_a_second_run_in_the_same_folder_is_refused_by_the_lock(tmp_path):
     run = start_background_run(tmp_path, "busy")
     try:

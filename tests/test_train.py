@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -235,6 +236,24 @@ def test_interrupted_and_resumed_run_reproduces_the_uninterrupted_one(tmp_path):
                                                   resumed.model.state_dict().values()))
     again = Trainer.resume(tmp_path / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=None)
     assert again.step == 14 and again.config.steps == 14 and again.tokenizer.to_dict() == TOKENIZER.to_dict()
+
+
+def test_a_repeated_signal_is_one_request_and_none_interrupts_the_save():
+    """timeout, and Ctrl-C under torchrun, deliver one signal twice: that must not abort."""
+    from aiayn.train import stop_on_signals
+
+    with stop_on_signals(grace=0.5) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # again at once, as `timeout -s INT` sends it
+        assert stop.signum == signal.SIGINT
+        time.sleep(0.6)
+        stop.saving = True
+        os.kill(os.getpid(), signal.SIGTERM)  # while the checkpoint is written: ignored
+        stop.saving = False
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # later, and not saving: stop at once
+            time.sleep(0.1)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_signal_ends_the_update_saves_it_and_the_run_resumes_exactly(tmp_path):

@@ -51,7 +51,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def reverser() -> tuple[Transformer, object, list]:
-    """A tiny model trained for 200 steps on reversing digit strings (chapter 13's task), on one thread."""
+    """A tiny model trained for 400 steps on reversing digit strings (chapter 17's run), on one thread."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -60,7 +60,7 @@ def reverser() -> tuple[Transformer, object, list]:
         test = encode_pairs(digits, synthetic_pairs("reverse", 100, 10, 3, 8, seed=2))
         torch.manual_seed(0)
         model = Transformer(TransformerConfig.tiny(digits.vocab_size, max_len=9))
-        config = TrainConfig(steps=200, warmup=100, factor=2.0, log_every=0, device="cpu", progress=False)
+        config = TrainConfig(steps=400, warmup=100, factor=2.0, log_every=0, device="cpu", progress=False)
         Trainer(model, config, make_loader(train, digits, 1024, bucket_size=1), log=None).fit()
     finally:
         torch.set_num_threads(threads)

@@ -670,7 +670,15 @@ def encode_text_pairs(
 
 
 def cpu_has_bf16() -> bool:
-    """Whether the CPU has bfloat16 instructions (read on Linux only) (chapter 16)."""
+    """Whether the CPU has bfloat16 instructions (read on Linux only) (chapter 16).
+
+    AIAYN_CPU_BF16=0 or 1 overrides what the processor reports.
+    """
+    forced = os.environ.get("AIAYN_CPU_BF16")
+    if forced is not None:
+        if forced not in ("0", "1"):
+            raise ValueError(f"AIAYN_CPU_BF16 must be 0 or 1, got {forced!r}.")
+        return forced == "1"
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -58,6 +58,7 @@ __all__ = [
     "NonFiniteLoss",
     "Pairs",
     "RECIPE_FIELDS",
+    "REPEAT_GRACE_S",
     "RunFolder",
     "StopRequest",
     "TASKS",
@@ -789,8 +790,8 @@ class Trainer:
         """Train until config.steps updates; log, validate, checkpoint (chapter 13).
 
         Returns the history. A first Ctrl-C (SIGINT) or SIGTERM lets the update
-        finish, saves a checkpoint and raises TrainingInterrupted; a second one
-        stops at once.
+        finish, saves a checkpoint and raises TrainingInterrupted; a second one,
+        later than REPEAT_GRACE_S and before the save, stops at once.
         """
         c = self.config
         self.model.train()
@@ -805,6 +806,7 @@ class Trainer:
                 self.train_step()
                 self._after_step()
             if self.step < c.steps:
+                stop.saving = True  # from here on, no signal aborts the save
                 path = self.save_checkpoint() if self.folder is not None else None
                 raise TrainingInterrupted(
                     stop.signum or signal.SIGTERM, self.step, path, world()[0]
@@ -1276,16 +1278,26 @@ class TrainingInterrupted(KeyboardInterrupt):
         )
 
 
+REPEAT_GRACE_S = 2.0  # a repeat of a signal this soon is the same request
+
+
 @dataclass
 class StopRequest:
-    """What stop_on_signals notes: the first signal received, or None (chapter 13)."""
+    """What stop_on_signals notes: the first signal received, or None (chapter 13).
+
+    at is when it came (time.monotonic()); saving is set while the checkpoint
+    is written.
+    """
 
     signum: int | None = None
+    at: float = 0.0
+    saving: bool = False
 
 
 @contextlib.contextmanager
 def stop_on_signals(
     signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+    grace: float = REPEAT_GRACE_S,
 ) -> Iterator[StopRequest]:
     """Inside, a first SIGINT or SIGTERM asks to stop, a second stops (chapter 13)."""
     request = StopRequest()
@@ -1295,9 +1307,11 @@ def stop_on_signals(
         return
 
     def note(signum: int, frame: Any) -> None:
-        if request.signum is not None:  # asked twice: do not wait for the update to end
-            raise KeyboardInterrupt
-        request.signum = signum
+        now = time.monotonic()
+        if request.signum is None:
+            request.signum, request.at = signum, now
+        elif not request.saving and now - request.at > grace:
+            raise KeyboardInterrupt  # asked again: do not wait for the update to end
 
     previous = {s: signal.signal(s, note) for s in signums}
     try:
