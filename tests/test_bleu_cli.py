@@ -1,4 +1,4 @@
-"""Tests of `python -m aiayn bleu` (chapter 16): its options are checked before any work."""
+"""Tests of `python -m aiayn bleu` (chapter 19): its options are checked before any work."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from conftest import local_multi30k
 import torch
 
+import aiayn.cli as cli
 import aiayn.data as data
 from aiayn import Transformer
 from aiayn.data import (DATA_ENV, TINY_RECIPE, SubwordTokenizer, load_multi30k,
@@ -28,14 +29,14 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading the data or decoding fails the test: the command must stop before either."""
-    monkeypatch.setattr(data, "load_multi30k", lambda *a, **k: pytest.fail("read the data"))
-    monkeypatch.setattr(data, "evaluate_bleu", lambda *a, **k: pytest.fail("decoded"))
+    monkeypatch.setattr(cli, "load_multi30k", lambda *a, **k: pytest.fail("read the data"))
+    monkeypatch.setattr(cli, "evaluate_bleu", lambda *a, **k: pytest.fail("decoded"))
 
 
 @pytest.mark.parametrize("limit", ["0", "-1", "two"])
 def test_limit_must_be_a_positive_number_of_sentences(checkpoint, no_work, capsys, limit) -> None:
     with pytest.raises(SystemExit) as stopped:
-        data.main(["--checkpoint", str(checkpoint), "--limit", limit, "--device", "cpu"])
+        cli.bleu_main(["--checkpoint", str(checkpoint), "--limit", limit, "--device", "cpu"])
     assert stopped.value.code == 2
     assert "--limit" in capsys.readouterr().err
 
@@ -45,7 +46,7 @@ def test_an_unwritable_output_is_refused_before_any_work(checkpoint, no_work, ca
                                                          where) -> None:
     output = {"a directory": tmp_path, "a missing directory": tmp_path / "missing" / "out.txt",
               "under a file": checkpoint / "out.txt"}[where]
-    code = data.main(["--checkpoint", str(checkpoint), "--output", str(output), "--device", "cpu"])
+    code = cli.bleu_main(["--checkpoint", str(checkpoint), "--output", str(output), "--device", "cpu"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and str(output) in err and "--output" in err
 
@@ -54,11 +55,11 @@ def test_limit_and_output_work_together(checkpoint, capsys, tmp_path, monkeypatc
     monkeypatch.setenv(DATA_ENV, str(local_multi30k()))
     existing = tmp_path / "out.txt"
     existing.write_text("old\n", encoding="utf-8")
-    code = data.main(["--checkpoint", str(checkpoint), "--limit", "2", "--greedy",
+    code = cli.bleu_main(["--checkpoint", str(checkpoint), "--limit", "2", "--greedy",
                       "--device", "cpu", "--output", str(existing)])
     assert code == 0, capsys.readouterr().err
     assert "test2016, 2 sentences, greedy" in capsys.readouterr().out
     assert len(existing.read_text(encoding="utf-8").splitlines()) == 2  # replaced, not appended
     fresh = tmp_path / "fresh.txt"  # a refused run leaves no file behind
-    assert data.main(["--checkpoint", str(tmp_path / "none.pt"), "--output", str(fresh)]) == 2
+    assert cli.bleu_main(["--checkpoint", str(tmp_path / "none.pt"), "--output", str(fresh)]) == 2
     assert not fresh.exists()

@@ -491,3 +491,36 @@ def test_translate_cli_refuses_non_finite_temperature_and_alpha(checkpoint: Path
         done = run_aiayn("translate", "--checkpoint", str(checkpoint), *options, "1 2 3")
         assert done.returncode == 2 and done.stdout == "", (options, done.stderr)
         assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr, done.stderr
+
+
+def test_sampling_never_calls_multinomial_which_reads_the_device_from_the_host(monkeypatch) -> None:
+    """torch.multinomial checks its input on the host: on a GPU, a wait at every token."""
+    from aiayn.decoding import sample
+
+    monkeypatch.setattr(torch, "multinomial", lambda *a, **k: pytest.fail("multinomial called"))
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(20, max_len=16)).eval()
+    src = torch.randint(4, 20, (3, 5))
+    out = sample(model, src, temperature=0.8, top_k=5, generator=torch.Generator().manual_seed(1), max_len=6)
+    assert out.tokens.shape[0] == 3
+
+
+def test_one_sampling_draw_compiles_without_a_graph_break() -> None:
+    from aiayn.decoding import sampling_probs
+    from aiayn.variants import draw
+
+    def step(logits: torch.Tensor) -> torch.Tensor:
+        return draw(sampling_probs(logits, 0.7, 3))
+
+    explained = torch._dynamo.explain(step)(torch.randn(4, 11))
+    torch._dynamo.reset()
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_draw_samples_with_the_given_probabilities() -> None:
+    from aiayn.variants import draw
+
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    picks = draw(probs.expand(100_000, -1), torch.Generator().manual_seed(0))
+    frequency = torch.bincount(picks, minlength=5) / 100_000
+    assert (frequency - probs).abs().max() < 0.01 and frequency[4] == 0

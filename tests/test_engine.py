@@ -15,7 +15,9 @@ import torch
 
 from aiayn import Transformer, TransformerConfig
 from aiayn.batching import make_batch
-from aiayn.engine import PRESETS, enable_grad_checkpointing, main, saved_activation_bytes
+from aiayn.cli import PRESETS
+from aiayn.cli import train_main as main
+from aiayn.engine import enable_grad_checkpointing, saved_activation_bytes
 from aiayn.model import read_checkpoint
 from aiayn.train import encode_pairs, greedy_decode, load_checkpoint_model, synthetic_pairs, synthetic_tokenizer
 
@@ -51,7 +53,7 @@ def test_the_copy_task_trains_and_writes_a_loadable_checkpoint(tmp_path):
 
 def test_help_is_the_same_whatever_the_process_imported(tmp_path):
     def help_text(prefix: str, *args: str) -> str:
-        code = f"{prefix}import sys; from aiayn.engine import main; sys.exit(main({list(args)!r}))"
+        code = f"{prefix}import sys; from aiayn.cli import train_main; sys.exit(train_main({list(args)!r}))"
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                                 timeout=120)
         assert result.returncode == 0, result.stderr

@@ -481,3 +481,37 @@ def test_compile_makes_one_dynamic_graph_for_every_batch_shape(monkeypatch):
         torch._dynamo.reset()
     assert len(set(loader.shapes)) >= 8, loader.shapes
     assert graphs <= 2, f"{graphs} graphs for {len(set(loader.shapes))} batch shapes"
+
+
+def test_the_fixed_scaler_keeps_a_scale_of_1_after_a_skipped_update():
+    """A scale-1 scaler that halved at every inf would shrink the loss towards underflow."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    adam = torch.optim.Adam([weight], lr=0.1)
+    scaler = make_scaler("off", torch.device("cpu"))
+    for grad in ([1.0, 2.0, 3.0], [float("inf"), 1.0, 1.0], [float("nan"), 1.0, 1.0], [1.0, 1.0, 1.0]):
+        adam.zero_grad()
+        scaler.scale((weight * torch.tensor(grad)).sum()).backward()
+        scaler.step(adam)
+        scaler.update()
+        assert scaler.get_scale() == 1.0
+    assert int(adam.state[weight]["step"]) == 2  # the two bad updates were skipped
+
+
+def test_resuming_where_auto_means_another_precision_starts_a_fresh_scaler(tmp_path, monkeypatch):
+    """amp="auto" is float32 on this CPU and float16 on a T4: the saved scale-1 scaler must
+    not be loaded into the float16 run, which would then never scale its losses."""
+    import aiayn.train as train
+
+    t = trainer(steps=4, amp="auto", checkpoint_dir=str(tmp_path / "run"))
+    t.fit()
+    assert t.scaler.get_growth_interval() == 2**30  # the scale-1 scaler of float32
+    real = train.autocast_dtype
+    monkeypatch.setattr(train, "autocast_dtype",
+                        lambda amp, device: torch.float16 if amp == "auto" else real(amp, device))
+    said = []
+    resumed = Trainer.resume(tmp_path / "run" / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=said.append)
+    assert resumed.scaler.get_growth_interval() == 2000 and resumed.scaler.get_scale() == 65536.0
+    assert any("loss scaling starts afresh" in line for line in said)
+    monkeypatch.setattr(train, "autocast_dtype", real)
+    again = Trainer.resume(tmp_path / "run" / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=None)
+    assert again.scaler.state_dict() == t.scaler.state_dict()  # the same precision: loaded as saved

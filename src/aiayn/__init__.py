@@ -20,6 +20,7 @@ Each module is the code of one chapter:
     aiayn.decoding    chapter 15, book/15_decoding.md
     aiayn.data        chapter 16, book/16_translation.md
     aiayn.viz         chapter 17, book/17_inside_attention.md
+    aiayn.cli         chapter 19, book/19_command_line.md
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -10,20 +10,9 @@ BOOK_URL = "https://literate-transformer.github.io/aiayn"
 
 # command -> (module, function, the chapter of the book that explains it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "train": ("aiayn.engine", "main", ("chapter 14, Training for real")),
-    "translate": (
-        "aiayn.decoding",
-        "main",
-        (
-            "chapter 15, Decoding with greedy search, beam search, sampling and the"
-            " KV cache"
-        ),
-    ),
-    "bleu": (
-        "aiayn.data",
-        "main",
-        ("chapter 16, Translating German to English: Multi30k end to end"),
-    ),
+    "train": ("aiayn.cli", "train_main", ("chapter 19, The command line")),
+    "translate": ("aiayn.cli", "translate_main", ("chapter 19, The command line")),
+    "bleu": ("aiayn.cli", "bleu_main", ("chapter 19, The command line")),
 }
 
 

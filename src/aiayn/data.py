@@ -8,7 +8,6 @@ Chapter 16 of the book, book/16_translation.md.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import gzip
@@ -18,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import unicodedata
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,7 +38,6 @@ from tokenizers import (
 from torch import Tensor
 
 from aiayn.decoding import translate
-from aiayn.engine import Experiment
 from aiayn.model import (
     Transformer,
     TransformerConfig,
@@ -86,10 +83,7 @@ __all__ = [
     "fetch",
     "fetch_checked",
     "load_multi30k",
-    "main",
     "multi30k_dir",
-    "multi30k_experiment",
-    "multi30k_options",
     "normalize",
     "prepare_multi30k",
     "pretrained",
@@ -940,219 +934,3 @@ def pretrained(
     """A shipped model in float32 and eval mode, and its tokenizer (chapter 16)."""
     path = pretrained_file(name, "model.pt", base_url)
     return load_checkpoint_model(path, map_location=device)
-
-
-# Chapter 16, "A recipe for a GPU"
-def multi30k_options(group: Any) -> None:
-    """The flags of the Multi30k presets of `aiayn train` (chapters 14, 16)."""
-    quiet = argparse.SUPPRESS  # a flag that is not given is not in the options
-    group.add_argument(
-        "--data-dir",
-        default=quiet,
-        help=f"the Multi30k directory (default: ${DATA_ENV}, "
-        "else download to the cache)",
-    )
-    group.add_argument(
-        "--model",
-        choices=list(RECIPES),
-        default=quiet,
-        help="gpu: the 49M-parameter recipe; long: the 7.6M model trained to "
-        "convergence, hours on a CPU; book: this chapter's 5M model, minutes on a "
-        "CPU; tiny: for tests (default: gpu on a GPU, book elsewhere)",
-    )
-    group.add_argument(
-        "--dropout",
-        type=float,
-        default=quiet,
-        help="dropout rate (default: the recipe's)",
-    )
-    group.add_argument(
-        "--vocab-size",
-        type=int,
-        default=quiet,
-        help="joint subword vocabulary (default: the recipe's)",
-    )
-    group.add_argument(
-        "--train-size",
-        type=int,
-        default=quiet,
-        help="train on the first N training pairs only",
-    )
-    group.add_argument(
-        "--bleu-size",
-        type=int,
-        default=quiet,
-        help="validation sentences scored by BLEU (default: all 1,014)",
-    )
-
-
-def multi30k_experiment(
-    name: str, options: dict[str, Any], device: torch.device
-) -> Experiment:
-    """The preset multi30k-DIRECTION, valid BLEU as the metric (chapters 14, 16)."""
-    model = options.get("model") or ("gpu" if device.type == "cuda" else "book")
-    if model == "gpu" and device.type != "cuda":
-        print(
-            "warning: the gpu recipe (49M parameters) takes about 70 s a step on a "
-            "2-core CPU, days for its 4,000 steps; --model book trains this "
-            "chapter's 5M model in minutes.",
-            file=sys.stderr,
-        )
-    recipe_flags = ("vocab_size", "dropout")
-    changed = {k: options[k] for k in recipe_flags if options.get(k) is not None}
-    direction = name.removeprefix("multi30k-")
-    recipe = dataclasses.replace(RECIPES[model], direction=direction, **changed)
-    tokenizer, train, valid = prepare_multi30k(
-        recipe, options.get("data_dir"), options.get("train_size")
-    )
-    scored = valid[: options["bleu_size"]] if options.get("bleu_size") else valid
-    kept = {  # what decides the model and the data
-        "model": model,
-        "vocab_size": recipe.vocab_size,
-        "dropout": recipe.dropout,
-        "train_size": options.get("train_size"),
-        "bleu_size": options.get("bleu_size"),
-    }
-    return Experiment(
-        recipe.model_config(tokenizer.vocab_size),
-        tokenizer,
-        encode_text_pairs(tokenizer, train),
-        encode_text_pairs(tokenizer, valid),
-        _preset_config(recipe, model, device),
-        max_tokens=recipe.max_tokens,
-        metric=lambda m: evaluate_bleu(m, tokenizer, scored).score,
-        metric_name="valid BLEU",
-        options=kept,
-    )
-
-
-def _preset_config(
-    recipe: Multi30kRecipe, model: str, device: torch.device
-) -> TrainConfig:
-    """The TrainConfig of a preset's run (chapters 14, 16)."""
-    if model in ("gpu", "long"):
-        periods = dict(log_every=100, eval_every=500, checkpoint_every=250)
-    else:
-        periods = dict(
-            log_every=max(1, recipe.steps // 10),
-            eval_every=recipe.steps,
-            checkpoint_every=max(1, recipe.steps // 5),
-        )
-    amp = "auto" if device.type != "cpu" else "bf16" if cpu_has_bf16() else "off"
-    return recipe.train_config(
-        amp=amp,
-        compile=device.type == "cuda" and model == "gpu",
-        keep_checkpoints=5,
-        **periods,
-    )
-
-
-def _parser() -> argparse.ArgumentParser:
-    """The options of `python -m aiayn bleu` (chapter 16)."""
-    p = argparse.ArgumentParser(
-        prog="python -m aiayn bleu",
-        description="Translate a Multi30k split with a checkpoint and print its "
-        "sacreBLEU.",
-    )
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        help="a checkpoint with its tokenizer, or a directory holding last.pt",
-    )
-    p.add_argument(
-        "--split",
-        choices=list(MULTI30K_SPLITS),
-        default="test2016",
-        help="default: test2016",
-    )
-    p.add_argument(
-        "--direction", choices=DIRECTIONS, default="de-en", help="default: de-en"
-    )
-    p.add_argument(
-        "--data-dir",
-        help=f"the Multi30k directory (default: ${DATA_ENV}, else the cache)",
-    )
-    p.add_argument(
-        "--greedy", action="store_true", help="greedy search instead of beam search"
-    )
-    p.add_argument("--beam-size", type=int, default=4, help="default: 4")
-    p.add_argument(
-        "--alpha", type=float, default=0.6, help="length penalty (default: 0.6)"
-    )
-    p.add_argument(
-        "--limit", type=_at_least_one, help="only the first N sentences (N >= 1)"
-    )
-    p.add_argument(
-        "--output", help="also write the translations to this file, one per line"
-    )
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    return p
-
-
-def _at_least_one(text: str) -> int:
-    """--limit: a whole number of sentences, at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of sentences >= 1, got {text!r}"
-        )
-    return value
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m aiayn bleu`: a checkpoint's sacreBLEU on a split (chapter 16)."""
-    args = _parser().parse_args(argv)
-    path = Path(args.checkpoint)
-    path = path / "last.pt" if path.is_dir() else path
-    output = Path(args.output) if args.output else None
-    if output is not None and not _writable(output):
-        return 2
-    try:
-        device = pick_device(args.device)
-        model, tokenizer = load_checkpoint_model(path, map_location=device)
-        if tokenizer is None:
-            raise ValueError(
-                f"{path} holds no tokenizer; use a checkpoint written by "
-                "`python -m aiayn train`."
-            )
-        pairs = load_multi30k(args.split, args.direction, args.data_dir)
-        pairs = pairs[: args.limit] if args.limit is not None else pairs
-        method = "greedy" if args.greedy else "beam"
-        result = evaluate_bleu(
-            model, tokenizer, pairs, method, args.beam_size, args.alpha
-        )
-    except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if output is not None:
-        lines = "".join(line + "\n" for line in result.hypotheses)
-        output.write_text(lines, encoding="utf-8")
-    how = "greedy" if args.greedy else f"beam {args.beam_size}, alpha {args.alpha}"
-    print(
-        f"{args.split}, {len(pairs)} sentences, {how}: BLEU {result.score:.2f} "
-        f"(lowercased {result.lowercase_score:.2f})"
-    )
-    print(f"signature: {result.signature}")
-    return 0
-
-
-def _writable(output: Path) -> bool:
-    """Whether output can be written, without changing it; else an error printed."""
-    try:
-        existed = output.exists()
-        with open(output, "a", encoding="utf-8"):  # appends nothing, truncates nothing
-            pass
-        if not existed:
-            output.unlink()
-    except OSError as err:
-        print(
-            f"error: cannot write the translations to {output} "
-            f"({err.strerror or err}); "
-            "give --output a file in an existing, writable directory.",
-            file=sys.stderr,
-        )
-        return False
-    return True

@@ -8,11 +8,8 @@ Chapter 15 of the book, book/15_decoding.md.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +19,7 @@ from torch import Tensor
 from aiayn.batching import pad_sequences
 from aiayn.masks import padding_mask
 from aiayn.model import Transformer, eval_mode
-from aiayn.train import load_checkpoint_model, pick_device
+from aiayn.variants import draw
 
 __all__ = [
     "DECODING_METHODS",
@@ -36,9 +33,10 @@ __all__ = [
     "default_max_len",
     "greedy_search",
     "length_penalty",
-    "main",
     "sample",
     "sampling_probs",
+    "too_long_inputs",
+    "too_long_message",
     "translate",
 ]
 
@@ -581,12 +579,12 @@ def sample(
 
     def pick(logits: Tensor) -> Tensor:
         probs = sampling_probs(logits, temperature, top_k)  # [batch, V]
-        return torch.multinomial(probs, 1, generator=generator)[:, 0]  # [batch]
+        return draw(probs, generator)  # [batch]
 
     return _generate(model, src, pick, max_len, min_len, use_cache)
 
 
-# Chapter 15, "Translating from the command line"
+# Chapter 15, "Translating texts"
 DECODING_METHODS = ("beam", "greedy", "sample")
 
 
@@ -619,10 +617,10 @@ def translate(
     device = next(model.parameters()).device
     outputs = [""] * len(texts)
     todo = [(i, tokenizer.encode(text)) for i, text in enumerate(texts) if text.strip()]
-    too_long = _too_long(model, todo)
+    too_long = too_long_inputs(model, todo)
     if too_long:  # refused before any decoding, rather than failing in the middle
         limit = model.config.max_len
-        raise ValueError(_too_long_message(too_long, "texts[{}]", 0, limit))
+        raise ValueError(too_long_message(too_long, "texts[{}]", 0, limit))
     for first in range(0, len(todo), batch_size):
         chunk = todo[first : first + batch_size]
         batch = [ids for _, ids in chunk]
@@ -651,14 +649,14 @@ def _check_translate(method: str, texts: Sequence[str], batch_size: int) -> None
     _check_int("batch_size", batch_size, 1, "the number of sentences decoded at once.")
 
 
-def _too_long(
+def too_long_inputs(
     model: Transformer, encoded: list[tuple[int, list[int]]]
 ) -> list[tuple[int, int]]:
     """(index, length) of the encoded texts longer than the positional table."""
     return [(i, len(ids)) for i, ids in encoded if len(ids) > model.config.max_len]
 
 
-def _too_long_message(
+def too_long_message(
     too_long: list[tuple[int, int]], name: str, first: int, limit: int
 ) -> str:
     """Which inputs exceed `limit` tokens, name.format(index + first) for each."""
@@ -671,151 +669,3 @@ def _too_long_message(
         f"table holds (max_len={limit}): {listed}{more}; shorten or split them. "
         "Nothing was translated."
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m aiayn translate`: decode texts with a checkpoint (chapter 15)."""
-    args = _parser().parse_args(argv)
-    try:
-        path = _model_file(args)
-    except ValueError as err:
-        return _fail(str(err))
-    if not path.is_file():
-        return _fail(
-            f"no checkpoint file at {path}; write one with `python -m aiayn train "
-            "--checkpoint-dir DIR` (chapter 14) and pass DIR/last.pt, or DIR itself."
-        )
-    texts = list(args.text) if args.text else _split_lines(sys.stdin.read())
-    if not any(text.strip() for text in texts):
-        return _fail(
-            "nothing to translate: give the texts as arguments, or as lines on "
-            "standard input."
-        )
-    try:
-        device = pick_device(args.device or "auto")  # chapter 13: cuda, mps or cpu
-        model, tokenizer = _load(path, device)
-    except ValueError as err:
-        return _fail(str(err))
-    encoded = [(i, tokenizer.encode(t)) for i, t in enumerate(texts) if t.strip()]
-    too_long = _too_long(model, encoded)
-    if too_long:  # numbered from 1, as an editor numbers lines
-        name = "text {}" if args.text else "line {}"
-        return _fail(_too_long_message(too_long, name, 1, model.config.max_len))
-    try:
-        outputs = translate(model, tokenizer, texts, **_decoding_options(args, device))
-    except ValueError as err:
-        return _fail(str(err))
-    for line in outputs:
-        print(line)
-    return 0
-
-
-def _fail(message: str) -> int:
-    """Report an error of `python -m aiayn translate`; its exit status, 2."""
-    print(f"error: {message}", file=sys.stderr)
-    return 2
-
-
-def _model_file(args: argparse.Namespace) -> Path:
-    """The checkpoint file to load: --checkpoint's, or --pretrained's (verified)."""
-    if args.pretrained is None:
-        path = Path(args.checkpoint)
-        return path / "last.pt" if path.is_dir() else path  # chapter 14's run folder
-    from aiayn.data import pretrained_file  # chapter 16's module imports this one
-
-    return pretrained_file(args.pretrained)
-
-
-def _load(path: Path, device: torch.device) -> tuple[Transformer, Any]:
-    """The model and tokenizer of a checkpoint; a ValueError says why not."""
-    try:
-        model, tokenizer = load_checkpoint_model(path, map_location=device)
-    except (ValueError, KeyError, RuntimeError, OSError) as err:
-        raise ValueError(f"cannot load {path}: {err}") from err
-    if tokenizer is None:
-        raise ValueError(
-            f"{path} holds no tokenizer, so its model cannot read text; use a "
-            "checkpoint written by `python -m aiayn train`, which saves the "
-            "tokenizer with the model."
-        )
-    return model, tokenizer
-
-
-def _decoding_options(args: argparse.Namespace, device: torch.device) -> dict:
-    """The keyword arguments of translate that the command's options ask for."""
-    generator = None
-    if args.sample:
-        generator = torch.Generator(device=device).manual_seed(args.seed)
-    return dict(
-        method="greedy" if args.greedy else "sample" if args.sample else "beam",
-        beam_size=args.beam_size,
-        alpha=args.alpha,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        generator=generator,
-        max_len=args.max_len,
-        batch_size=args.batch_size,
-    )
-
-
-def _split_lines(text: str) -> list[str]:
-    """The lines of text, split at newlines only, each without a final carriage return.
-
-    Unlike str.splitlines, a form feed, a separator such as 0x1C or U+2028 inside a
-    line does not end it, so the output lines stay aligned with the input lines. A
-    final newline ends the last line; it does not start an empty one.
-    """
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()  # after the final newline, or an empty text
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-_NUMBER_OPTIONS = (  # flag, type, default, help
-    ("--beam-size", int, 4, "beam search: hypotheses kept (default 4)"),
-    ("--alpha", float, 0.6, "beam search: length penalty (default 0.6)"),
-    ("--temperature", float, 1.0, "--sample: temperature (default 1.0)"),
-    ("--top-k", int, None, "--sample: sample among the k best tokens"),
-    ("--seed", int, 0, "--sample: random seed (default 0)"),
-    ("--max-len", int, None, "most output tokens (default: input length + 50)"),
-    ("--batch-size", int, 64, "sentences decoded at once (default 64)"),
-)
-
-
-def _parser() -> argparse.ArgumentParser:
-    """The options of `python -m aiayn translate` (chapter 15)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m aiayn translate",
-        description="Translate text with a checkpoint written by `python -m aiayn "
-        "train`: the texts given as arguments, or else each line of standard input; "
-        "one output line per input.",
-    )
-    parser.add_argument(
-        "text",
-        nargs="*",
-        help="texts to translate (default: the lines of standard input)",
-    )
-    model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument(
-        "--checkpoint",
-        help="a checkpoint file with model and tokenizer, "
-        "or a directory holding last.pt",
-    )
-    model.add_argument(
-        "--pretrained",
-        metavar="NAME",
-        help="a model shipped with the package: multi30k-de-en (chapter 16)",
-    )
-    how = parser.add_mutually_exclusive_group()
-    how.add_argument(
-        "--greedy", action="store_true", help="greedy search instead of beam search"
-    )
-    how.add_argument(
-        "--sample", action="store_true", help="sample instead of beam search"
-    )
-    for flag, kind, default, text in _NUMBER_OPTIONS:
-        parser.add_argument(flag, type=kind, default=default, help=text)
-    parser.add_argument(
-        "--device", default=None, help="e.g. cpu or cuda (default: cuda if available)"
-    )
-    return parser

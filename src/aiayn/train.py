@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ __all__ = [
     "AMP_MODES",
     "Batches",
     "FLUSH_EVERY",
+    "FixedScaler",
     "NONFINITE_PATIENCE",
     "NonFiniteLoss",
     "Pairs",
@@ -88,6 +89,7 @@ __all__ = [
     "pick_device",
     "rng_state",
     "set_rng_state",
+    "setting",
     "stop_on_signals",
     "synthetic_pairs",
     "synthetic_tokenizer",
@@ -345,6 +347,13 @@ def _check_device(name: str, device: torch.device) -> None:
 
 
 # Chapter 13, "Skipping an update that went wrong"
+class FixedScaler(torch.amp.GradScaler):
+    """A scale of 1 that never changes; it only skips inf/NaN updates (chapter 13)."""
+
+    def update(self, new_scale: float | Tensor | None = None) -> None:
+        super().update(1.0)  # not halved by a skipped update
+
+
 def make_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler:
     """A GradScaler: loss scaling for float16, the skip of inf/NaN updates (chapter 13).
 
@@ -352,9 +361,7 @@ def make_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler:
     """
     if autocast_dtype(amp, device) == torch.float16:
         return torch.amp.GradScaler(device.type)
-    # A scale of 1 that does not grow: the gradients are unchanged, and an update
-    # whose gradients hold inf or NaN is still skipped.
-    return torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=2**30)
+    return FixedScaler(device.type, init_scale=1.0, growth_interval=2**30)
 
 
 def clip_gradients(params: Iterable[Tensor], max_norm: float | None) -> Tensor:
@@ -370,49 +377,42 @@ def clip_gradients(params: Iterable[Tensor], max_norm: float | None) -> Tensor:
 
 
 # Chapter 13, "The configuration"
+def setting(default: Any, help: str, off: str | None = None) -> Any:
+    """A field of a configuration with the text that explains it (chapter 13).
+
+    off explains a switch that is on by default and turned off by a flag.
+    """
+    return field(default=default, metadata={"help": help, "off": off})
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train: length, schedule, loss, precision, logs, checkpoints (chapter 13).
 
-    Args:
-        steps: optimizer updates to reach; each reads accum_steps batches.
-        warmup, factor: the learning-rate schedule of chapter 12, eq. (3).
-        label_smoothing: eps_ls of chapter 12 (the paper: 0.1).
-        clip_norm: largest global gradient norm, or None for no clipping.
-        accum_steps: batches whose gradients add up to one update.
-        amp: autocast precision, "auto", "bf16", "fp16" (with loss scaling) or
-            "off".
-        compile: run the model through torch.compile (chapter 14).
-        eval_every, log_every, checkpoint_every: periods in steps (0: never); the
-            last step always logs, validates and checkpoints.
-        checkpoint_dir: the run's folder (last.pt, snapshots, metrics.jsonl), or
-            None.
-        keep_checkpoints: model snapshots step_N.pt kept for averaging (the paper:
-            5).
-        overwrite: let a new run delete the checkpoints of another run in
-            checkpoint_dir.
-        seed: seed of dropout (plus the rank under DDP).
-        device: "auto", "cpu", "cuda", "cuda:N" or "mps".
-        progress: show a tqdm progress bar.
+    Each field's help text also documents its flag of `python -m aiayn train`.
     """
 
-    steps: int = 1000
-    warmup: int = 4000
-    factor: float = 1.0
-    label_smoothing: float = 0.1
-    clip_norm: float | None = 1.0
-    accum_steps: int = 1
-    amp: str = "auto"
-    compile: bool = False
-    eval_every: int = 0
-    log_every: int = 100
-    checkpoint_every: int = 0
-    checkpoint_dir: str | None = None
-    keep_checkpoints: int = 0
-    overwrite: bool = False
-    seed: int = 0
-    device: str = "auto"
-    progress: bool = True
+    steps: int = setting(1000, "optimizer updates; each reads accum_steps batches")
+    warmup: int = setting(4000, "warm-up steps of the schedule (chapter 12)")
+    factor: float = setting(1.0, "factor of the schedule (chapter 12)")
+    label_smoothing: float = setting(0.1, "eps_ls (the paper: 0.1)")
+    clip_norm: float | None = setting(
+        1.0, "largest gradient norm (None, or 0 on the command line: no clipping)"
+    )
+    accum_steps: int = setting(1, "batches whose gradients add up to one update")
+    amp: str = setting("auto", "autocast precision: auto, bf16, fp16 or off")
+    compile: bool = setting(False, "run the model through torch.compile")
+    eval_every: int = setting(0, "validate every N steps (0: only at the end)")
+    log_every: int = setting(100, "log every N steps (0: only at the end)")
+    checkpoint_every: int = setting(0, "checkpoint every N steps (0: at the end)")
+    checkpoint_dir: str | None = setting(
+        None, "the run's folder: last.pt, snapshots, metrics.jsonl"
+    )
+    keep_checkpoints: int = setting(0, "snapshots kept for averaging (the paper: 5)")
+    overwrite: bool = setting(False, "start over in a folder that holds another run")
+    seed: int = setting(0, "seed of dropout; --seed also seeds the weights and data")
+    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
+    progress: bool = setting(True, "show a progress bar", off="no progress bar")
 
     def __post_init__(self) -> None:
         check_train_config(self)  # below: refuses settings that cannot train
@@ -907,7 +907,14 @@ class Trainer:
         self.run, self.step = dict(state["run"]), state["step"]
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        # amp="auto" may have meant float16 there and not here, or the reverse:
+        if state["scaler"].get("growth_interval") == self.scaler.get_growth_interval():
+            self.scaler.load_state_dict(state["scaler"])
+        else:
+            self.log.say(
+                "the checkpoint scaled its losses for another precision; "
+                "loss scaling starts afresh"
+            )
         self.log.load_state_dict(state)
         # reopens the epoch, which may draw random numbers, so these come last:
         self.batches.load_state_dict(state["data"])

@@ -20,11 +20,21 @@ from aiayn.positional import LearnedPositionalEmbedding
 __all__ = [
     "DecoderOnlyLM",
     "EncoderOnlyModel",
+    "draw",
     "mask_tokens",
 ]
 
 
 # Chapter 10, "Generating, one token at a time"
+def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One index per row of probs [batch, V], drawn with those probabilities.
+
+    argmax p_v / e_v with e_v ~ Exp(1) (chapter 10); no host synchronisation.
+    """
+    u = torch.rand(probs.shape, generator=generator, device=probs.device)  # U[0, 1)
+    return (probs / -torch.log(u)).argmax(dim=-1)  # e = -log u ~ Exp(1): [batch]
+
+
 def _sample_next(
     logits: Tensor, temperature: float, greedy: bool, generator: torch.Generator | None
 ) -> Tensor:
@@ -35,7 +45,7 @@ def _sample_next(
     if greedy:
         return logits.argmax(dim=-1, keepdim=True)  # [batch, 1]
     probs = torch.softmax(logits.float() / temperature, dim=-1)  # p_T: [batch, vocab]
-    return torch.multinomial(probs, num_samples=1, generator=generator)  # [batch, 1]
+    return draw(probs, generator)[:, None]  # [batch, 1]
 
 
 class DecoderOnlyLM(nn.Module):

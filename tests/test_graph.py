@@ -1,0 +1,88 @@
+"""The package's module graph: each chapter's module imports only earlier chapters'.
+
+The layers of the book are its chapters. A module may import the modules of earlier
+chapters and never a later one, so there is no import cycle; the command line
+(`aiayn.cli`, the last chapter) is on top and imported by none. Only the dispatcher
+`__main__` and the tokenizer table that a checkpoint names import modules by name, and
+only the command line parses arguments.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import export
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "aiayn"
+CHAPTER_OF = {  # module name -> chapter number, from the chapters' front matter
+    c.module.removeprefix("aiayn."): int(c.number)
+    for c in map(export.read_chapter, export.chapter_paths())
+    if c.module
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The aiayn modules that a module imports, at its top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("aiayn."):
+            found.add(node.module.removeprefix("aiayn.").split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module == "aiayn":
+            found.update(a.name for a in node.names if a.name in CHAPTER_OF)
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("aiayn."))
+    return found
+
+
+def imported_names(path: Path) -> set[str]:
+    """The top-level names of everything a module imports."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def calls_of(path: Path, name: str) -> int:
+    """How many times a module calls a function or names an attribute called `name`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return sum(
+        isinstance(n, ast.Name) and n.id == name or isinstance(n, ast.Attribute) and n.attr == name
+        for n in ast.walk(tree)
+    )
+
+
+def test_every_module_imports_only_earlier_chapters() -> None:
+    assert set(CHAPTER_OF) == {p.stem for p in SRC.glob("*.py")} - {"__init__", "__main__"}
+    later = {
+        f"{name} (chapter {CHAPTER_OF[name]}) imports {other} (chapter {CHAPTER_OF[other]})"
+        for name in CHAPTER_OF
+        for other in imported_modules(SRC / f"{name}.py")
+        if CHAPTER_OF[other] >= CHAPTER_OF[name]
+    }
+    assert not later
+
+
+def test_the_command_line_is_on_top_and_imported_by_no_module() -> None:
+    top = max(CHAPTER_OF, key=CHAPTER_OF.get)
+    assert top == "cli"
+    assert not [name for name in CHAPTER_OF if "cli" in imported_modules(SRC / f"{name}.py")]
+
+
+def test_inference_needs_neither_training_nor_multi30k() -> None:
+    assert not imported_modules(SRC / "decoding.py") & {"train", "engine", "data"}
+
+
+def test_only_the_command_line_parses_arguments() -> None:
+    parsing = sorted(p.stem for p in SRC.glob("*.py") if "argparse" in imported_names(p))
+    assert parsing == ["cli"]
+
+
+def test_modules_are_imported_by_name_only_by_the_dispatcher_and_the_tokenizer_table() -> None:
+    by_name = sorted(p.stem for p in SRC.glob("*.py") if calls_of(p, "import_module"))
+    assert by_name == ["__main__", "batching"]
+
