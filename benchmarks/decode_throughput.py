@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(args.device)
     torch.manual_seed(0)
     config = PRESETS[args.preset](args.vocab)
-    config = TransformerConfig.from_dict({**config.to_dict(), "max_len": max(args.lengths) + 1})
+    # the positional table holds the source and every generated length (and </s>)
+    longest = max(max(args.lengths), args.src_len) + 1
+    config = TransformerConfig.from_dict({**config.to_dict(), "max_len": longest})
     model = Transformer(config).to(device).eval()
     src = torch.randint(4, args.vocab, (args.batch_size, args.src_len),
                         generator=torch.Generator().manual_seed(0)).to(device)  # [batch, src_len]

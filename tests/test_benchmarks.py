@@ -174,3 +174,30 @@ def test_profiled_step_counts_the_products_of_both_passes() -> None:
     # gradient and the input's (every input needs one: the embeddings are trained).
     assert sample["calls"] == 3 * 12
     assert 0 < sample["linear"] < sample["total"]
+
+
+GPU_CHECK_PARTS = ("env", "sync", "amp", "sdpa", "copy", "resume", "cache", "compile",
+                   "mfu", "peers", "m30k")
+
+
+def test_gpu_check_small_run_on_a_cpu_lists_every_part(tmp_path) -> None:
+    out = run_script("gpu_check", "--small", "--device", "cpu", "--out", str(tmp_path),
+                     timeout=150)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert summary in out  # the same table on stdout
+    table = summary.split("\ncheck ", 1)[1].splitlines()[1:]
+    rows = [line.split(maxsplit=2) for line in table]
+    checks, statuses = [row[0] for row in rows], {row[1] for row in rows}
+    for part in GPU_CHECK_PARTS:
+        assert any(c == part or c.startswith(f"{part}.") for c in checks), part
+    assert statuses <= {"PASS", "WARN", "INFO", "SKIPPED"}, summary  # no FAIL, ERROR
+    assert "resume.bitwise" in checks and "compile.aot_eager" in checks
+    files = list(tmp_path.iterdir())
+    assert len(files) <= 8 and all(f.is_file() for f in files), files
+
+
+def test_decode_throughput_runs_with_outputs_shorter_than_the_source() -> None:
+    """The positional table must hold the source too, not only the generated lengths."""
+    out = run_script("decode_throughput", "--vocab", "64", "--batch-size", "2", "--src-len", "12",
+                     "--lengths", "4", "--reps", "1", "--device", "cpu")
+    assert "speedup of the cache" in out
