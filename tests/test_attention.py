@@ -190,3 +190,23 @@ def test_broadcast_shape_follows_torch() -> None:
             expected = None
         assert broadcast_shape(*shapes) == expected, shapes
     assert broadcast_shape() == ()
+
+
+def test_a_pytorch_key_padding_mask_for_a_batch_of_one_is_refused_everywhere() -> None:
+    """[1, k_len] with True = padding must not be read as True = may attend."""
+    from aiayn.decoder import Decoder
+    from aiayn.multi_head import MultiHeadAttention
+
+    q, k, v = random_qkv(1, 2, q_len=3, k_len=4)  # a batch of one
+    key_padding = torch.tensor([[False, False, False, True]])  # PyTorch: the last key is padding
+    with pytest.raises(ValueError, match="ambiguous"):
+        scaled_dot_product_attention(q, k, v, mask=key_padding)
+    with pytest.raises(ValueError, match="ambiguous"):
+        MultiHeadAttention(16, 4).eval()(torch.randn(1, 4, 16), mask=key_padding)
+    decoder = Decoder(1, 16, 4, 32).eval()
+    with pytest.raises(ValueError, match="memory_key_padding_mask"):
+        decoder(torch.randn(1, 3, 16), torch.randn(1, 4, 16), memory_mask=key_padding)
+    _, w = scaled_dot_product_attention(q, k, v, mask=~key_padding[:, None, None, :])  # explicit
+    assert (w[..., 3] == 0).all()
+    q, k, v = random_qkv(3, 2, q_len=1, k_len=4)  # batch 3: [1, k_len] can only be shared
+    scaled_dot_product_attention(q, k, v, mask=torch.ones(1, 4, dtype=torch.bool))

@@ -358,3 +358,17 @@ def test_the_preset_picks_the_recipe_that_fits_the_device(tmp_path, monkeypatch,
     asked = cli.multi30k_experiment("multi30k-en-de", {"train_size": 200, "vocab_size": 300, "model": "gpu"}, cpu)
     assert asked.model_config.d_model == data.GPU_RECIPE.d_model  # given explicitly, it is honoured...
     assert "--model book trains" in capsys.readouterr().err  # ... with a warning of the time it takes
+
+
+def test_the_recipes_train_in_bf16_or_fp32_on_a_cpu_and_auto_on_a_gpu(monkeypatch):
+    """Chapter 16 prints the precision recipe_amp gives; on a GPU "auto" (bf16, fp16 on a T4)."""
+    monkeypatch.setenv("AIAYN_CPU_BF16", "1")
+    assert data.recipe_amp(torch.device("cpu")) == "bf16"
+    monkeypatch.setenv("AIAYN_CPU_BF16", "0")
+    assert data.recipe_amp(torch.device("cpu")) == "off"
+    assert data.recipe_amp(torch.device("cuda")) == "auto"
+
+
+def test_corpus_bleu_of_no_sentences_is_a_clear_error():
+    with pytest.raises(ValueError, match="corpus_bleu needs at least one sentence"):
+        data.corpus_bleu([], [])

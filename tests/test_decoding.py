@@ -471,18 +471,63 @@ def test_translate_cli_lines_end_only_at_newlines(checkpoint: Path) -> None:
     assert done.stdout.split("\n")[3] == ""  # the empty fourth line stays empty
 
 
-def test_translate_cli_names_over_long_lines_and_translates_nothing(checkpoint: Path) -> None:
+def test_translate_cli_translates_every_line_that_fits_and_names_the_others(checkpoint: Path) -> None:
     from aiayn.train import load_checkpoint_model
 
     limit = load_checkpoint_model(checkpoint)[0].config.max_len
     long_line = " ".join(["3"] * (limit + 2))
     stdin = "\n".join(["1 2", long_line, "4 5", long_line + " 6"]) + "\n"
-    done = run_aiayn("translate", "--checkpoint", str(checkpoint), stdin=stdin)
-    assert done.returncode == 2 and done.stdout == ""
-    error = done.stderr.strip()
-    assert error.startswith("error: ") and len(error.splitlines()) == 1
-    assert f"line 2 ({limit + 2} tokens), line 4 ({limit + 3} tokens)" in error
-    assert f"max_len={limit}" in error
+    done = run_aiayn("translate", "--checkpoint", str(checkpoint), "--greedy", stdin=stdin)
+    assert done.returncode == 1
+    lines = done.stdout.split("\n")
+    assert len(lines) == 4 + 1 and lines[1] == lines[3] == "" and lines[0] and lines[2], done.stdout
+    errors = done.stderr.strip().splitlines()
+    assert errors[0] == (f"error: line 2: {limit + 2} tokens, more than the model's positional table "
+                         f"holds (max_len={limit}); shorten or split it")
+    assert errors[1].startswith(f"error: line 4: {limit + 3} tokens")
+    assert errors[2] == "error: 2 of 4 lines not translated; their output lines are empty."
+
+
+def test_translate_cli_names_a_line_that_is_not_utf8_and_translates_the_rest(checkpoint: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "LC_ALL": "C.UTF-8",
+           "PYTHONUTF8": "0"}
+    done = subprocess.run([sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(checkpoint),
+                           "--greedy"], input="1 2\n3 \xe4 4\n5 6\n".encode("latin-1"),
+                          capture_output=True, env=env, timeout=300)
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.decode().split("\n")
+    assert len(lines) == 3 + 1 and lines[1] == "" and lines[0] and lines[2]
+    assert done.stderr.decode().splitlines()[0] == (
+        "error: line 2: not UTF-8 (byte 0xe4 at byte 3); convert it, e.g. with iconv -f latin1 -t utf-8")
+
+
+def test_translate_cli_at_a_terminal_says_it_reads_standard_input(checkpoint: Path) -> None:
+    import pty
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen([sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(checkpoint),
+                            "--greedy"], stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env=env)
+    os.close(follower)
+    os.write(leader, b"1 2 3\n\x04")  # a line, then Ctrl-D
+    out, err = run.communicate(timeout=300)
+    os.close(leader)
+    assert run.returncode == 0, err
+    assert err.decode().startswith("reading the texts from standard input, one per line; end with Ctrl-D")
+    assert len(out.decode().splitlines()) == 1
+
+
+def test_translate_and_bleu_use_one_cpu_thread_unless_told(checkpoint: Path, monkeypatch, capsys) -> None:
+    from aiayn import cli
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    assert cli.translate_main(["--checkpoint", str(checkpoint), "--device", "cpu", "1 2"]) == 0
+    assert cli.translate_main(["--checkpoint", str(checkpoint), "--device", "cpu", "--threads", "2", "1"]) == 0
+    assert calls[0] == 1 and calls[2] == 2  # each followed by the number it found
+    help_text = run_aiayn("bleu", "--help").stdout
+    assert "--threads" in help_text and "--pretrained" in help_text
 
 
 def test_translate_cli_refuses_non_finite_temperature_and_alpha(checkpoint: Path) -> None:
@@ -524,3 +569,42 @@ def test_draw_samples_with_the_given_probabilities() -> None:
     picks = draw(probs.expand(100_000, -1), torch.Generator().manual_seed(0))
     frequency = torch.bincount(picks, minlength=5) / 100_000
     assert (frequency - probs).abs().max() < 0.01 and frequency[4] == 0
+
+
+def test_translate_refuses_a_model_whose_weights_hold_nan(checkpoint: Path) -> None:
+    """Such a model translates everything to one repeated token: refuse, naming the tensors."""
+    from aiayn.decoding import translate
+    from aiayn.model import content_hash
+    from aiayn.train import load_checkpoint_model
+
+    model, tokenizer = load_checkpoint_model(checkpoint)
+    with torch.no_grad():
+        model.encoder.layers[0].ffn.w_1.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"weights hold NaN or inf \(encoder.layers.0.ffn.w_1.weight\)"):
+        translate(model, tokenizer, ["1 2 3"])
+    # a file written by an older version, which did not refuse such weights
+    saved = torch.load(checkpoint, weights_only=True)
+    saved["state_dict"]["encoder.layers.0.ffn.w_1.weight"][0, 0] = float("nan")
+    body = {k: v for k, v in saved.items() if k != "sha256"}
+    broken = checkpoint.parent / "broken.pt"
+    torch.save({**body, "sha256": content_hash(body)}, broken)
+    for command in (["--greedy"], ["--sample"], []):
+        done = run_aiayn("translate", "--checkpoint", str(broken), *command, "1 2 3")
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert done.stderr.startswith("error: the model's weights hold NaN or inf"), done.stderr
+
+
+def test_translate_takes_any_iterable_and_names_a_missing_tokenizer_and_unreadable_texts(checkpoint: Path) -> None:
+    from aiayn.decoding import translate
+    from aiayn.train import load_checkpoint_model
+
+    model, tokenizer = load_checkpoint_model(checkpoint)
+    assert translate(model, tokenizer, (t for t in ["1 2", "3"]), method="greedy") == \
+        translate(model, tokenizer, ["1 2", "3"], method="greedy")
+    with pytest.raises(ValueError, match=r"translate needs a tokenizer with encode and decode \(chapter 11\), "
+                                         r"got None; a checkpoint written by Transformer.save holds none"):
+        translate(model, None, ["1 2"])
+    with pytest.raises(ValueError, match=r"texts must be strings; texts\[1\] is not"):
+        translate(model, tokenizer, ["1 2", 3])
+    with pytest.warns(UserWarning, match=r"1 text\(s\) are nothing but unknown tokens .*texts\[1\] first"):
+        translate(model, tokenizer, ["1 2", "Zwei Hunde"], method="greedy")

@@ -249,3 +249,56 @@ def test_grad_checkpointing_from_the_command_line(tmp_path, capsys):
     code, _, err = run_main(capsys, "--task", "copy", "--steps", "3", "--grad-checkpointing", "--checkpoint-dir",
                             str(tmp_path / "run"), *SMALL)
     assert code == 0, err
+
+
+def test_a_checkpoint_of_another_version_is_refused_saying_which_and_what_differs(tmp_path, capsys):
+    from aiayn.model import content_hash
+    from aiayn.train import Trainer, make_loader
+
+    assert run_main(capsys, "--task", "copy", "--steps", "4", "--checkpoint-dir", str(tmp_path / "run"),
+                    *SMALL)[0] == 0
+    saved = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+
+    def rewritten(name: str, change) -> Path:
+        body = {k: v for k, v in saved.items() if k != "sha256"}
+        body["training"] = change(dict(body["training"]))
+        path = tmp_path / name
+        torch.save({**body, "sha256": content_hash(body)}, path)
+        return path
+
+    older = rewritten("older.pt", lambda t: {**t, "train_config": {**t["train_config"], "grad_checkpointing": False}})
+    code, out, err = run_main(capsys, "--resume", str(older), "--steps", "8")
+    assert code == 2 and out == ""
+    assert err.strip() == (f"error: {older} was written by another version of aiayn: not a TrainConfig: "
+                           "unknown fields ['grad_checkpointing']. Resume it with that version, or start a "
+                           "new run from its weights.")
+    loader = make_loader(encode_pairs(synthetic_tokenizer(10), synthetic_pairs("copy", 50)), synthetic_tokenizer(10), 256)
+    with pytest.raises(ValueError, match="unknown fields \\['grad_checkpointing'\\]"):
+        Trainer.resume(older, loader)
+    format1 = rewritten("format1.pt", lambda t: {**t, "version": 1})
+    code, _, err = run_main(capsys, "--resume", str(format1), "--steps", "8")
+    assert code == 2 and "written by another version of aiayn, in format 1" in err
+    assert "names no preset" not in err
+
+
+def test_resuming_an_older_copy_into_the_runs_folder_is_refused_unless_overwritten(tmp_path, capsys):
+    folder = tmp_path / "D"
+    flags = ["--checkpoint-every", "10", "--keep-checkpoints", "5", *SMALL]
+    assert run_main(capsys, "--task", "copy", "--steps", "30", "--checkpoint-dir", str(folder), *flags)[0] == 0
+    backup = tmp_path / "backup_step30.pt"
+    backup.write_bytes((folder / "last.pt").read_bytes())
+    assert run_main(capsys, "--resume", str(folder), "--steps", "60", *flags)[0] == 0
+    (folder / "step_00000070.pt.partial").write_bytes(b"left by a kill")
+    before = sorted(p.name for p in folder.glob("step_*.pt"))
+    code, _, err = run_main(capsys, "--resume", str(backup), "--checkpoint-dir", str(folder), "--steps", "60",
+                            *flags)
+    assert code == 2
+    assert (f"{folder} holds this run up to step 60, later than step 30 that the resume starts from; it "
+            "would lose last.pt and 3 snapshot(s) (step_00000040.pt, step_00000050.pt, step_00000060.pt)") in err
+    assert read_checkpoint(folder / "last.pt")["training"]["step"] == 60  # nothing lost
+    assert sorted(p.name for p in folder.glob("step_*.pt")) == before
+    code, _, err = run_main(capsys, "--resume", str(backup), "--checkpoint-dir", str(folder), "--steps", "40",
+                            "--overwrite", *flags)
+    assert code == 0, err
+    assert read_checkpoint(folder / "last.pt")["training"]["step"] == 40
+    assert not list(folder.glob("*.partial"))  # the kill's leftover went at the claim

@@ -454,14 +454,12 @@ def test_python_objects_are_refused_by_name_not_called_corrupt(tmp_path):
         assert "truncated" not in message
 
 
-def test_a_shared_matrix_holding_nan_saves_and_loads(tmp_path):
+def test_a_shared_matrix_holding_nan_is_one_matrix_and_is_never_saved(tmp_path):
     model = tiny()
     with torch.no_grad():
         model.head.weight[3, 5] = float("nan")
-    model.save(tmp_path / "nan.pt")
-    restored = Transformer.load(tmp_path / "nan.pt")
-    assert restored.src_embed.weight is restored.head.weight
-    assert torch.isnan(restored.head.weight[3, 5]) and torch.isnan(restored.head.weight).sum() == 1
+    with pytest.raises(ValueError, match="src_embed.weight, tgt_embed.weight, head.weight"):
+        model.save(tmp_path / "nan.pt")  # one matrix under three names, named by each
     state = {k: v.clone() for k, v in model.state_dict().items()}
     load_state_dict_checked(tiny(), state)  # NaN in all three names: one matrix
     state["tgt_embed.weight"][0, 0] += 1.0  # genuinely different matrices are still refused
@@ -537,3 +535,45 @@ def test_cached_decode_of_as_many_new_positions_as_sentences() -> None:
         memory, cache = model.encode(src), model.new_cache()
         chunks = [model.decode(tgt[:, a:b], memory, src, cache=cache) for a, b in ((0, 3), (3, 6))]
     torch.testing.assert_close(torch.cat(chunks, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_a_full_disk_is_named_as_one_even_when_torch_reports_an_unexpected_position(tmp_path, monkeypatch):
+    """On a disk that fills up, torch.save's zip writer reports 'unexpected pos', not ENOSPC."""
+    path = tmp_path / "model.pt"
+
+    def short_write(obj, f, *args, **kwargs):
+        f.write(b"the first bytes")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1088 vs 1024")
+
+    monkeypatch.setattr(torch, "save", short_write)
+    with pytest.raises(OSError, match=r"could not write the checkpoint .*model.pt \(the disk is full\); "
+                                      r".* MiB are free on that disk, and nothing was written there"):
+        tiny().save(path)
+    monkeypatch.undo()
+    import builtins
+
+    import aiayn.model as model_module
+
+    def to_dev_full(file, mode="r", *args, **kwargs):  # a disk with 0 bytes free
+        return builtins.open("/dev/full" if str(file).endswith(".partial") else file, mode, *args, **kwargs)
+
+    if not __import__("os").path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    monkeypatch.setattr(model_module, "open", to_dev_full, raising=False)
+    with pytest.raises(OSError, match=r"\(the disk is full\)"):
+        tiny().save(path)
+    assert not path.exists() and not list(tmp_path.glob("*.partial"))
+
+
+def test_weights_with_nan_or_inf_are_never_written_and_are_named(tmp_path):
+    from aiayn.model import nonfinite_weights
+
+    model = tiny()
+    with torch.no_grad():
+        model.encoder.layers[0].ffn.w_1.weight[0, 0] = float("nan")
+        model.decoder.layers[0].ffn.w_2.bias[1] = float("inf")
+    assert nonfinite_weights(model) == ["encoder.layers.0.ffn.w_1.weight", "decoder.layers.0.ffn.w_2.bias"]
+    with pytest.raises(ValueError, match=r"refusing to write .*model.pt: the weights hold NaN or inf in "
+                                         r"encoder.layers.0.ffn.w_1.weight, decoder.layers.0.ffn.w_2.bias\."):
+        model.save(tmp_path / "model.pt")
+    assert not list(tmp_path.iterdir())

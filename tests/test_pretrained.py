@@ -148,3 +148,71 @@ def test_the_model_card_states_the_recorded_scores_and_reproducible_examples():
         assert translate(model, tokenizer, sources) == expected
     finally:
         torch.set_num_threads(threads)
+
+
+def test_bleu_scores_the_shipped_model_by_name(tmp_path):
+    from conftest import local_multi30k
+
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache"), "AIAYN_MULTI30K_DIR": str(local_multi30k())}
+    done = subprocess.run(
+        [sys.executable, "-m", "aiayn", "bleu", "--pretrained", "multi30k-de-en", "--limit", "5",
+         "--greedy", "--device", "cpu"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("test2016, 5 sentences, greedy: BLEU ")
+    assert "signature: nrefs:1|case:mixed|eff:no|tok:13a" in done.stdout
+
+
+def test_many_workers_fetching_into_one_empty_cache_all_succeed(tmp_path, monkeypatch):
+    """Job arrays and torchrun workers call pretrained() together: no shared partial file."""
+    import threading
+
+    mirror = tmp_path / "mirror"
+    (mirror / NAME).mkdir(parents=True)
+    (mirror / NAME / "big.bin").write_bytes(os.urandom(16 * 2**20))  # long enough to overlap
+    monkeypatch.setitem(data.PRETRAINED, NAME, {"big.bin": sha256_file(mirror / NAME / "big.bin")})
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    start, results = threading.Barrier(8), []
+
+    def worker() -> None:
+        start.wait()
+        try:
+            results.append(pretrained_file(NAME, "big.bin", base_url=mirror.as_uri()))
+        except Exception as err:  # noqa: BLE001 - collected, asserted below
+            results.append(err)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    cached = tmp_path / "cache" / "pretrained" / NAME
+    assert results == [cached / "big.bin"] * 8
+    assert sorted(p.name for p in cached.iterdir()) == ["big.bin"]  # nothing partial left
+
+
+def test_an_unwritable_cache_and_a_damaged_copy_are_named(shipped, tmp_path, monkeypatch):
+    _, mirror = shipped
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "a_file" / "cache"))  # a cache under a file
+    with pytest.raises(ValueError, match=r"cannot write to the cache, .*a_file/cache/pretrained/tiny-test "
+                                         r"\(.*\); set AIAYN_CACHE_DIR to a writable directory"):
+        pretrained_file(NAME, base_url=mirror.as_uri())
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    path = pretrained_file(NAME, base_url=mirror.as_uri())
+    path.write_bytes(path.read_bytes()[:-10])  # damaged, and no way to fetch it again
+    with pytest.raises(ValueError, match=r"the cached copy .*model.pt is damaged .* a fresh copy cannot "
+                                         r"be fetched: cannot download"):
+        pretrained_file(NAME, base_url=(tmp_path / "nowhere").as_uri())
+    with pytest.raises(ValueError, match=r"is not a URL: give it a scheme, https:// or file://"):
+        pretrained_file(NAME, base_url=str(tmp_path / "nowhere"))
+
+
+def test_translate_pretrained_says_what_the_model_can_translate():
+    done = subprocess.run(
+        [sys.executable, "-m", "aiayn", "translate", "--pretrained", "multi30k-de-en", "--greedy",
+         "Ein Hund."], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == f"note: multi30k-de-en {data.PRETRAINED_SCOPE['multi30k-de-en']}."
+    assert "image" in data.PRETRAINED_SCOPE["multi30k-de-en"] and "nonsense" in data.PRETRAINED_SCOPE["multi30k-de-en"]

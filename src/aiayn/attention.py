@@ -173,16 +173,19 @@ def _check_mask(mask: Tensor, scores_shape: torch.Size) -> None:
             f"shape {tuple(scores_shape)} = [..., q_len, k_len]; give shared "
             f"dimensions size 1, e.g. {hint}."
         )
-    if mask.dim() == 2 and lead > 0 and scores_shape[0] == q_len > 1:
-        # [q_len, k_len], or PyTorch's [batch, k_len] with True = padding? Ask.
+    batch = scores_shape[0] if lead > 0 else None
+    one = batch == 1 and mask.size(-1) > 1  # [1, k_len] for a batch of one
+    if mask.dim() == 2 and mask.size(0) == batch and (batch == q_len > 1 or one):
+        # [q_len, k_len] (or [1, k_len]), or PyTorch's [batch, k_len] with True =
+        # padding? For a batch of one, or batch = q_len, both read. Ask.
         nones = ", ".join(["None"] * lead)
         raise ValueError(
             f"a 2-D mask of shape {tuple(mask.shape)} is ambiguous here: the scores "
-            f"{tuple(scores_shape)} have batch = q_len = {q_len}, so it could be a "
-            f"[q_len, k_len] mask (True = may attend) or PyTorch's key_padding_mask "
-            f"[batch, k_len] (True = padding), which means the opposite. Pass a "
-            f"causal or other [q_len, k_len] mask as {general}, e.g. "
-            f"causal_mask(n)[{nones}], and a key padding mask as {from_torch}."
+            f"{tuple(scores_shape)} have batch = {batch}, the mask's first size, so "
+            f"it could be a [q_len, k_len] mask (True = may attend) or PyTorch's "
+            f"key_padding_mask [batch, k_len] (True = padding), which means the "
+            f"opposite. Pass a causal or other [q_len, k_len] mask as {general}, "
+            f"e.g. causal_mask(n)[{nones}], and a key padding mask as {from_torch}."
         )
 
 

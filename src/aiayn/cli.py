@@ -9,12 +9,13 @@ Chapter 19 of the book, book/19_command_line.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import signal
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,16 +27,17 @@ from aiayn.data import (
     DATA_ENV,
     DIRECTIONS,
     MULTI30K_SPLITS,
+    PRETRAINED_SCOPE,
     RECIPES,
     Multi30kRecipe,
-    cpu_has_bf16,
     encode_text_pairs,
     evaluate_bleu,
     load_multi30k,
     prepare_multi30k,
     pretrained_file,
+    recipe_amp,
 )
-from aiayn.decoding import too_long_inputs, too_long_message, translate
+from aiayn.decoding import too_long_inputs, translate
 from aiayn.engine import enable_grad_checkpointing, init_distributed
 from aiayn.model import (
     Transformer,
@@ -53,11 +55,13 @@ from aiayn.train import (
     Trainer,
     TrainingInterrupted,
     average_checkpoints,
+    check_training_version,
     encode_pairs,
     exact_match,
     load_checkpoint_model,
     make_loader,
     pick_device,
+    saved_train_config,
     synthetic_pairs,
     synthetic_tokenizer,
 )
@@ -68,6 +72,7 @@ __all__ = [
     "PRESETS",
     "Preset",
     "SYNTHETIC_TRAIN_CONFIG",
+    "THREADS_HELP",
     "bleu_main",
     "checkpoint_file",
     "multi30k_experiment",
@@ -260,9 +265,8 @@ def _preset_config(
             eval_every=recipe.steps,
             checkpoint_every=max(1, recipe.steps // 5),
         )
-    amp = "auto" if device.type != "cpu" else "bf16" if cpu_has_bf16() else "off"
     return recipe.train_config(
-        amp=amp,
+        amp=recipe_amp(device),
         compile=device.type == "cuda" and model == "gpu",
         keep_checkpoints=5,
         **periods,
@@ -312,7 +316,20 @@ def checkpoint_file(path: str | Path) -> Path:
     return path / "last.pt" if path.is_dir() else path
 
 
+@contextlib.contextmanager
+def _threads(device: torch.device, threads: int | None) -> Iterator[None]:
+    """Inside, torch uses `threads` CPU threads, 1 on a CPU by default (chapter 19)."""
+    before = torch.get_num_threads()
+    if device.type == "cpu" or threads:
+        torch.set_num_threads(threads or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 BOOK_URL = "https://literate-transformer.github.io/aiayn"
+THREADS_HELP = "CPU threads (default on a CPU: 1, fastest on shared cores)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -371,11 +388,7 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
 def _add_process_flags(p: argparse.ArgumentParser) -> None:
     """The flags of `train` that are not fields of TrainConfig (chapter 19)."""
     p.add_argument("--max-tokens", type=int, help="positions per batch")
-    p.add_argument(
-        "--threads",
-        type=int,
-        help="CPU threads (default on a CPU: 1, fastest on shared cores)",
-    )
+    p.add_argument("--threads", type=int, help=THREADS_HELP)
     p.add_argument(
         "--grad-checkpointing", action="store_true", help="recompute activations"
     )
@@ -412,24 +425,29 @@ def _run(argv: list[str]) -> int:
     general = set(vars(parser.parse_args([])))  # every flag but the preset's own
     known, _ = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
     resume = checkpoint_file(known.resume) if known.resume else None
+    if resume is not None and not resume.is_file():
+        raise ValueError(
+            f"no checkpoint at {resume}: --resume takes a checkpoint file, or the "
+            "folder of a run, which holds its last.pt."
+        )
     saved = {} if resume is None else read_checkpoint(resume).get("training") or {}
+    if resume is not None:  # a state this version can continue, before anything else
+        check_training_version(saved or None, resume)
+        saved_train_config(saved, resume)
     name = known.task or known.preset or saved.get("run", {}).get("preset", "copy")
     if name not in PRESETS:
         parser.error(f"unknown preset {name!r}; the presets are {', '.join(PRESETS)}.")
     PRESETS[name].options(parser.add_argument_group(f"options of the preset {name}"))
     args = parser.parse_args(argv)
     device = pick_device(args.device or "auto")
-    threads = torch.get_num_threads()
-    if device.type == "cpu" or args.threads:
-        torch.set_num_threads(args.threads or 1)
-    rank, world_size = init_distributed(device)
-    try:
-        given = {k: v for k, v in vars(args).items() if k not in general}
-        return _train(args, name, given, saved, resume, device, (rank, world_size))
-    finally:
-        torch.set_num_threads(threads)
-        if world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+    with _threads(device, args.threads):
+        rank, world_size = init_distributed(device)
+        try:
+            given = {k: v for k, v in vars(args).items() if k not in general}
+            return _train(args, name, given, saved, resume, device, (rank, world_size))
+        finally:
+            if world_size > 1 and dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def _train(
@@ -447,9 +465,7 @@ def _train(
     torch.manual_seed(args.seed or 0)  # the same initial weights in every process
     experiment = PRESETS[name].build(name, {**run.get("options", {}), **given}, device)
     base = (
-        experiment.train_config
-        if resume is None
-        else TrainConfig.from_dict(saved["train_config"])
+        experiment.train_config if resume is None else saved_train_config(saved, resume)
     )
     config = _train_config(args, base, name, resume, device)
     max_tokens = args.max_tokens or run.get("max_tokens") or experiment.max_tokens
@@ -604,40 +620,94 @@ def _check_same_run(
 
 # Chapter 19, "Translating: `python -m aiayn translate`"
 def translate_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m aiayn translate`: decode texts with a checkpoint (chapter 19)."""
+    """`python -m aiayn translate`: decode texts with a checkpoint (chapter 19).
+
+    Returns 0; 2 for a mistake that stops everything; 1 when some inputs were not
+    translated (each named on standard error, its output line left empty).
+    """
     args = _translate_parser().parse_args(argv)
     try:
         path = _model_file(args)
     except ValueError as err:
         return _fail(str(err))
-    if not path.is_file():
-        return _fail(
-            f"no checkpoint file at {path}; write one with `python -m aiayn train "
-            "--checkpoint-dir DIR` (chapter 19) and pass DIR/last.pt, or DIR itself."
+    if args.pretrained is not None:  # its limits are in its model card too
+        print(
+            f"note: {args.pretrained} {PRETRAINED_SCOPE[args.pretrained]}.",
+            file=sys.stderr,
         )
-    texts = list(args.text) if args.text else _split_lines(sys.stdin.read())
-    if not any(text.strip() for text in texts):
+    texts, refused = _inputs(args.text)  # refused: index -> why
+    if not any(text.strip() for text in texts) and not refused:
         return _fail(
             "nothing to translate: give the texts as arguments, or as lines on "
             "standard input."
         )
     try:
         device = pick_device(args.device or "auto")  # chapter 13: cuda, mps or cpu
-        model, tokenizer = _load(path, device)
-    except ValueError as err:
-        return _fail(str(err))
-    encoded = [(i, tokenizer.encode(t)) for i, t in enumerate(texts) if t.strip()]
-    too_long = too_long_inputs(model, encoded)
-    if too_long:  # numbered from 1, as an editor numbers lines
-        name = "text {}" if args.text else "line {}"
-        return _fail(too_long_message(too_long, name, 1, model.config.max_len))
-    try:
-        outputs = translate(model, tokenizer, texts, **_decoding_options(args, device))
+        with _threads(device, args.threads):
+            model, tokenizer = _load(path, device)
+            refused |= _too_long(model, tokenizer, texts, refused)
+            todo = ["" if i in refused else text for i, text in enumerate(texts)]
+            options = _decoding_options(args, device)
+            outputs = translate(model, tokenizer, todo, **options)
     except ValueError as err:
         return _fail(str(err))
     for line in outputs:
         print(line)
-    return 0
+    return _report(refused, len(texts), "text" if args.text else "line")
+
+
+def _inputs(texts: Sequence[str]) -> tuple[list[str], dict[int, str]]:
+    """The texts to translate, and the indices of those that are not text, with why."""
+    if texts:  # arguments: undecodable bytes are surrogates (PEP 383)
+        lines = [text.encode("utf-8", "surrogateescape") for text in texts]
+    else:
+        if sys.stdin.isatty():
+            print(
+                "reading the texts from standard input, one per line; end with Ctrl-D",
+                file=sys.stderr,
+            )
+        lines = _split_lines(sys.stdin.buffer.read())
+    decoded, refused = [], {}
+    for i, line in enumerate(lines):
+        try:
+            decoded.append(line.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            decoded.append("")
+            refused[i] = (
+                f"not UTF-8 (byte 0x{line[err.start]:02x} at byte {err.start + 1}); "
+                "convert it, e.g. with iconv -f latin1 -t utf-8"
+            )
+    return decoded, refused
+
+
+def _too_long(
+    model: Transformer, tokenizer: Any, texts: list[str], refused: dict[int, str]
+) -> dict[int, str]:
+    """The texts longer than the model's positional table, with why (chapter 15)."""
+    encoded = [
+        (i, tokenizer.encode(text))
+        for i, text in enumerate(texts)
+        if text.strip() and i not in refused
+    ]
+    limit = model.config.max_len
+    return {
+        i: f"{n} tokens, more than the model's positional table holds "
+        f"(max_len={limit}); shorten or split it"
+        for i, n in too_long_inputs(model, encoded)
+    }
+
+
+def _report(refused: dict[int, str], total: int, kind: str) -> int:
+    """Name the inputs not translated on standard error; the exit status."""
+    for i in sorted(refused):  # numbered from 1, as an editor numbers lines
+        print(f"error: {kind} {i + 1}: {refused[i]}", file=sys.stderr)
+    if refused:
+        print(
+            f"error: {len(refused)} of {total} {kind}s not translated; their output "
+            "lines are empty.",
+            file=sys.stderr,
+        )
+    return 1 if refused else 0
 
 
 def _fail(message: str) -> int:
@@ -648,9 +718,15 @@ def _fail(message: str) -> int:
 
 def _model_file(args: argparse.Namespace) -> Path:
     """The checkpoint file to load: --checkpoint's, or --pretrained's (verified)."""
-    if args.pretrained is None:
-        return checkpoint_file(args.checkpoint)
-    return pretrained_file(args.pretrained)  # chapter 16
+    if args.pretrained is not None:
+        return pretrained_file(args.pretrained)  # chapter 16
+    path = checkpoint_file(args.checkpoint)
+    if not path.is_file():
+        raise ValueError(
+            f"no checkpoint file at {path}; write one with `python -m aiayn train "
+            "--checkpoint-dir DIR` (chapter 19) and pass DIR/last.pt, or DIR itself."
+        )
+    return path
 
 
 def _load(path: Path, device: torch.device) -> tuple[Transformer, Any]:
@@ -685,17 +761,17 @@ def _decoding_options(args: argparse.Namespace, device: torch.device) -> dict:
     )
 
 
-def _split_lines(text: str) -> list[str]:
-    """The lines of text, split at newlines only, each without a final carriage return.
+def _split_lines(data: bytes) -> list[bytes]:
+    """The lines of data, split at newlines only, each without a final carriage return.
 
     Unlike str.splitlines, a form feed, a separator such as 0x1C or U+2028 inside a
     line does not end it, so the output lines stay aligned with the input lines. A
     final newline ends the last line; it does not start an empty one.
     """
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()  # after the final newline, or an empty text
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # after the final newline, or an empty input
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
 
 
 _NUMBER_OPTIONS = (  # flag, type, default, help
@@ -745,6 +821,7 @@ def _translate_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device", default=None, help="e.g. cpu or cuda (default: cuda if available)"
     )
+    parser.add_argument("--threads", type=int, help=THREADS_HELP)
     return parser
 
 
@@ -756,10 +833,15 @@ def _bleu_parser() -> argparse.ArgumentParser:
         description="Translate a Multi30k split with a checkpoint and print its "
         "sacreBLEU.",
     )
-    p.add_argument(
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument(
         "--checkpoint",
-        required=True,
         help="a checkpoint with its tokenizer, or a directory holding last.pt",
+    )
+    model.add_argument(
+        "--pretrained",
+        metavar="NAME",
+        help="a model shipped with the package: multi30k-de-en (chapter 16)",
     )
     p.add_argument(
         "--split",
@@ -788,6 +870,7 @@ def _bleu_parser() -> argparse.ArgumentParser:
         "--output", help="also write the translations to this file, one per line"
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--threads", type=int, help=THREADS_HELP)
     return p
 
 
@@ -807,24 +890,20 @@ def _at_least_one(text: str) -> int:
 def bleu_main(argv: Sequence[str] | None = None) -> int:
     """`python -m aiayn bleu`: a checkpoint's sacreBLEU on a split (chapter 19)."""
     args = _bleu_parser().parse_args(argv)
-    path = checkpoint_file(args.checkpoint)
     output = Path(args.output) if args.output else None
     if output is not None and not _writable(output):
         return 2
     try:
+        path = _model_file(args)
         device = pick_device(args.device)
-        model, tokenizer = load_checkpoint_model(path, map_location=device)
-        if tokenizer is None:
-            raise ValueError(
-                f"{path} holds no tokenizer; use a checkpoint written by "
-                "`python -m aiayn train`."
+        with _threads(device, args.threads):
+            model, tokenizer = _load(path, device)
+            pairs = load_multi30k(args.split, args.direction, args.data_dir)
+            pairs = pairs[: args.limit] if args.limit is not None else pairs
+            method = "greedy" if args.greedy else "beam"
+            result = evaluate_bleu(
+                model, tokenizer, pairs, method, args.beam_size, args.alpha
             )
-        pairs = load_multi30k(args.split, args.direction, args.data_dir)
-        pairs = pairs[: args.limit] if args.limit is not None else pairs
-        method = "greedy" if args.greedy else "beam"
-        result = evaluate_bleu(
-            model, tokenizer, pairs, method, args.beam_size, args.alpha
-        )
     except (ValueError, OSError) as err:
         return _fail(str(err))
     if output is not None:

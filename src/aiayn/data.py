@@ -17,8 +17,10 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import unicodedata
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,7 @@ __all__ = [
     "Multi30kRecipe",
     "PRETRAINED",
     "PRETRAINED_ENV",
+    "PRETRAINED_SCOPE",
     "PRETRAINED_URL",
     "RECIPES",
     "SubwordTokenizer",
@@ -89,6 +92,7 @@ __all__ = [
     "pretrained",
     "pretrained_file",
     "read_lines",
+    "recipe_amp",
     "save_pretrained",
     "save_translation_model",
     "sha256_file",
@@ -148,11 +152,11 @@ def split_files(split: str) -> list[str]:
 def fetch(url: str, path: str | os.PathLike, timeout: float = 60.0) -> None:
     """Copy url (https:// or file://) to path, atomically (chapter 16)."""
     path = Path(path)
-    partial = path.with_name(path.name + ".partial")
+    partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")  # its own
     try:
         with (
             urllib.request.urlopen(url, timeout=timeout) as response,
-            open(partial, "wb") as f,
+            open(partial, "xb") as f,
         ):
             shutil.copyfileobj(response, f)
             f.flush()
@@ -173,7 +177,7 @@ def download_multi30k(
     The default directory is the cache, cache_dir()/multi30k.
     """
     directory = Path(directory) if directory is not None else cache_dir() / "multi30k"
-    directory.mkdir(parents=True, exist_ok=True)
+    _check_writable(directory)
     for name in list(MULTI30K_SHA256) if names is None else list(names):
         if name not in MULTI30K_SHA256:
             raise ValueError(
@@ -197,10 +201,14 @@ def fetch_checked(url: str, path: Path, sha256: str, fix: str) -> None:
 
     Errors are ValueErrors that end with fix, what the user can do about them.
     """
-    download = path.with_name(path.name + ".download")
+    if "://" not in url:
+        raise ValueError(f"{url} is not a URL: give it a scheme, https:// or file://.")
+    download = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}.download")
     try:
         fetch(url, download, timeout=60.0)
     except OSError as err:  # no network, HTTP errors (urllib's errors are OSErrors)
+        if _verified(path, sha256):  # another process brought it meanwhile
+            return
         raise ValueError(f"cannot download {url} ({err}). {fix}") from err
     digest = sha256_file(download)
     if digest != sha256:
@@ -210,6 +218,29 @@ def fetch_checked(url: str, path: Path, sha256: str, fix: str) -> None:
             f"the transfer was damaged or the origin changed. {fix}"
         )
     os.replace(download, path)
+
+
+def _verified(path: Path, sha256: str) -> bool:
+    """Whether path holds the bytes of that digest."""
+    return path.is_file() and sha256_file(path) == sha256
+
+
+def _check_writable(directory: Path) -> None:
+    """Make directory, or a ValueError that says what stands in the way and the fix."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        where = "the cache, " if directory.is_relative_to(cache_dir()) else ""
+        raise ValueError(
+            f"cannot write to {where}{directory} ({err.strerror or err}); "
+            + (
+                f"set {CACHE_ENV} to a writable directory."
+                if where
+                else "choose a directory you can write to."
+            )
+        ) from err
 
 
 def multi30k_dir(
@@ -578,7 +609,7 @@ def _check_recipe(recipe: Multi30kRecipe) -> None:
     recipe.train_config()  # and the schedule's (chapter 13)
 
 
-BOOK_RECIPE = Multi30kRecipe()  # this chapter's CPU model, also chapter 17's
+BOOK_RECIPE = Multi30kRecipe()  # this chapter's CPU model
 LONG_RECIPE = Multi30kRecipe(  # about 22 passes; the shipped model
     vocab_size=8000,
     d_ff=1024,
@@ -680,6 +711,14 @@ def cpu_has_bf16() -> bool:
     return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
 
 
+def recipe_amp(device: torch.device) -> str:
+    """The recipes' precision: "auto" on a GPU (bf16, or fp16 on a T4) (chapter 16).
+
+    On a CPU, bf16 where it computes it natively, else off.
+    """
+    return "auto" if device.type != "cpu" else "bf16" if cpu_has_bf16() else "off"
+
+
 def train_multi30k(
     recipe: Multi30kRecipe = BOOK_RECIPE,
     root: str | os.PathLike | None = None,
@@ -697,7 +736,7 @@ def train_multi30k(
     tokenizer, train, valid = prepare_multi30k(recipe, root)
     torch.manual_seed(recipe.seed)  # the initial weights
     model = Transformer(recipe.model_config(tokenizer.vocab_size))
-    amp = "auto" if device.type != "cpu" else "bf16" if cpu_has_bf16() else "off"
+    amp = recipe_amp(device)
     config = recipe.train_config(
         amp=amp, device=str(device), log_every=log_every, progress=progress
     )
@@ -782,6 +821,10 @@ def corpus_bleu(
     """sacreBLEU of detokenized hypotheses and its signature (chapter 16)."""
     if isinstance(hypotheses, str) or isinstance(references, str):
         raise ValueError("corpus_bleu takes lists of sentences, not strings.")
+    if len(hypotheses) == 0:
+        raise ValueError(
+            "corpus_bleu needs at least one sentence; BLEU of none is undefined."
+        )
     if len(hypotheses) != len(references):
         raise ValueError(
             f"{len(hypotheses)} hypotheses but {len(references)} references; "
@@ -890,6 +933,12 @@ PRETRAINED = {  # name -> {file -> its SHA-256 digest}, the files of results/NAM
         ),
     },
 }
+PRETRAINED_SCOPE = {  # name -> what it was trained on, and so what it can translate
+    "multi30k-de-en": (
+        "translates Multi30k's short German descriptions of images; other German "
+        "(news, dialogue, long sentences) comes out as fluent English nonsense"
+    ),
+}
 
 
 def pretrained_file(
@@ -921,8 +970,16 @@ def pretrained_file(
         f"Download it into {cached.parent} by hand, or set {PRETRAINED_ENV} to a "
         f"directory URL that holds {name}/{file}."
     )
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    fetch_checked(url, cached, digest, fix)
+    _check_writable(cached.parent)
+    try:
+        fetch_checked(url, cached, digest, fix)
+    except ValueError as err:
+        if not cached.is_file():
+            raise
+        raise ValueError(
+            f"the cached copy {cached} is damaged (its sha256 is not the shipped "
+            f"one), and a fresh copy cannot be fetched: {err}"
+        ) from err
     return cached
 
 

@@ -91,7 +91,8 @@ class DecoderLayer(nn.Module):
             self_mask: boolean, True where a target position may attend to
                 another, e.g. aiayn.masks.target_mask(tgt, pad_id)
                 [batch, 1, tgt_len, tgt_len] or causal_mask(tgt_len)[None, None]
-                (a 2-D mask is refused when batch = tgt_len > 1, chapter 1); with
+                (a 2-D mask that could be a key padding mask is refused, chapter
+                1); with
                 a cache, its last axis counts the cached positions too. None
                 attends everywhere, which is right only for a single new
                 position with a cache.
@@ -259,7 +260,6 @@ def _check_memory_mask(
     if (
         memory_mask is not None
         and memory_mask.dim() == 2
-        and batch > 1
         and tuple(memory_mask.shape) == (batch, src_len)
     ):
         raise ValueError(

@@ -8,7 +8,8 @@ Chapter 15 of the book, book/15_decoding.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch import Tensor
 
 from aiayn.batching import pad_sequences
 from aiayn.masks import padding_mask
-from aiayn.model import Transformer, eval_mode
+from aiayn.model import Transformer, eval_mode, nonfinite_weights
 from aiayn.variants import draw
 
 __all__ = [
@@ -613,10 +614,11 @@ def translate(
         max_len: as for greedy_search; None is the paper's input length + 50.
         batch_size: sentences decoded at once.
     """
-    _check_translate(method, texts, batch_size)
+    texts = _check_translate(model, tokenizer, method, texts, batch_size)  # a list
     device = next(model.parameters()).device
     outputs = [""] * len(texts)
     todo = [(i, tokenizer.encode(text)) for i, text in enumerate(texts) if text.strip()]
+    _warn_unknown(tokenizer, todo)
     too_long = too_long_inputs(model, todo)
     if too_long:  # refused before any decoding, rather than failing in the middle
         limit = model.config.max_len
@@ -638,15 +640,47 @@ def translate(
     return outputs
 
 
-def _check_translate(method: str, texts: Sequence[str], batch_size: int) -> None:
-    """A ValueError unless method, texts and batch_size are usable by translate."""
+def _check_translate(
+    model: Transformer, tokenizer: Any, method: str, texts: Any, batch_size: int
+) -> list[str]:
+    """The texts as a list, or a ValueError naming what translate cannot use."""
     if method not in DECODING_METHODS:
         raise ValueError(f"method must be one of {DECODING_METHODS}, got {method!r}.")
-    if isinstance(texts, str):
+    if isinstance(texts, str) or not isinstance(texts, Iterable):
         raise ValueError(
-            f"texts must be a list of strings, got the string {texts!r}; pass [text]."
+            f"texts must be a list of strings, got {texts!r}; for one text pass [text]."
+        )
+    texts = list(texts)  # a generator is read once
+    wrong = [i for i, text in enumerate(texts) if not isinstance(text, str)]
+    if wrong:
+        raise ValueError(f"texts must be strings; texts[{wrong[0]}] is not.")
+    if not all(callable(getattr(tokenizer, f, None)) for f in ("encode", "decode")):
+        raise ValueError(
+            f"translate needs a tokenizer with encode and decode (chapter 11), got "
+            f"{tokenizer!r}; a checkpoint written by Transformer.save holds none."
         )
     _check_int("batch_size", batch_size, 1, "the number of sentences decoded at once.")
+    broken = nonfinite_weights(model)
+    if broken:
+        raise ValueError(
+            f"the model's weights hold NaN or inf ({', '.join(broken[:5])}"
+            f"{' ...' if len(broken) > 5 else ''}): it would decode nonsense. Load a "
+            "checkpoint written before the training diverged."
+        )
+    return texts
+
+
+def _warn_unknown(tokenizer: Any, encoded: list[tuple[int, list[int]]]) -> None:
+    """Warn about texts that the vocabulary cannot read at all: all unknown tokens."""
+    unk = getattr(tokenizer, "unk_id", None)
+    lost = [i for i, ids in encoded if unk is not None and ids and set(ids) == {unk}]
+    if lost:
+        warnings.warn(
+            f"{len(lost)} text(s) are nothing but unknown tokens for this tokenizer "
+            f"(texts[{lost[0]}] first): another language or vocabulary than the "
+            "model's?",
+            stacklevel=3,
+        )
 
 
 def too_long_inputs(

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import os
 import pickle
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "eval_mode",
     "init_weights",
     "load_state_dict_checked",
+    "nonfinite_weights",
     "read_checkpoint",
     "write_checkpoint",
 ]
@@ -724,6 +726,23 @@ def _hash_into(digest: Any, obj: Any) -> None:
         part(b"V", f"{type(obj).__name__} {obj!r}".encode())
 
 
+def nonfinite_weights(state: Mapping[str, Tensor] | nn.Module) -> list[str]:
+    """The names of the floating-point tensors that hold NaN or inf (chapter 9)."""
+    if isinstance(state, nn.Module):
+        state = state.state_dict()
+    return [
+        name
+        for name, t in state.items()
+        if isinstance(t, Tensor) and t.is_floating_point() and not t.isfinite().all()
+    ]
+
+
+def _listed(names: Sequence[str], most: int = 5) -> str:
+    """The first few names, and how many more there are."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
 def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Save checkpoint and its content_hash: path.partial, fsync, rename (chapter 9)."""
     if (
@@ -734,6 +753,13 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> 
             "write_checkpoint takes a dict of checkpoint_dict(model, tokenizer, ...)."
         )
     path = Path(path)
+    broken = nonfinite_weights(checkpoint.get("state_dict") or {})
+    if broken:
+        raise ValueError(
+            f"refusing to write {path}: the weights hold NaN or inf in "
+            f"{_listed(broken)}. A model with them decodes nonsense; keep the last "
+            "good checkpoint, and find what diverged."
+        )
     body = {k: v for k, v in checkpoint.items() if k != "sha256"}
     content = {**body, "sha256": content_hash(body)}
     partial = path.with_name(path.name + ".partial")
@@ -747,7 +773,9 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> 
     except BaseException as err:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
-        zip_writer = isinstance(err, RuntimeError) and "PytorchStreamWriter" in str(err)
+        zip_writer = isinstance(err, RuntimeError) and any(
+            s in str(err) for s in ("PytorchStreamWriter", "inline_container")
+        )
         if isinstance(err, OSError) or zip_writer:  # a full disk, a missing permission
             raise OSError(_write_failure(path, err)) from err
         raise
@@ -763,6 +791,8 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> 
 
 def _reason(err: BaseException) -> str:
     """An error's first sentence, without torch's '[enforce fail at ...]' prefix."""
+    if getattr(err, "errno", None) == errno.ENOSPC or "unexpected pos" in str(err):
+        return "the disk is full"  # "unexpected pos": torch wrote less than it meant
     text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
     text = re.sub(r"\[enforce fail at [^\]]*\][\s.]*", "", text).strip()
     text = text.splitlines()[0].split(". ")[0] if text else ""

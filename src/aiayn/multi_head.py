@@ -82,8 +82,9 @@ class MultiHeadAttention(nn.Module):
             mask: boolean, True where a query may attend to a key, broadcastable
                 to [batch, n_heads, q_len, k_len]: e.g. [1, 1, q_len, k_len]
                 (causal), [batch, 1, 1, k_len] (padding) or [batch, 1, q_len,
-                k_len]. A 2-D [q_len, k_len] mask is refused when batch = q_len > 1,
-                where it could be PyTorch's key_padding_mask. With a
+                k_len]. A 2-D [q_len, k_len] mask is refused when its first size
+                is the batch's and 1 or q_len, where it could be PyTorch's
+                key_padding_mask. With a
                 self-attention cache, k_len counts the cached positions too.
             need_weights: if True, attend with chapter 1's
                 scaled_dot_product_attention and return the weights; if False,

@@ -75,6 +75,7 @@ __all__ = [
     "check_finite",
     "check_resumable",
     "check_train_config",
+    "check_training_version",
     "clip_gradients",
     "count_tokens",
     "data_fingerprint",
@@ -88,6 +89,7 @@ __all__ = [
     "model_from_checkpoint",
     "pick_device",
     "rng_state",
+    "saved_train_config",
     "set_rng_state",
     "setting",
     "stop_on_signals",
@@ -968,14 +970,9 @@ class Trainer:
         metric_name, run_info).
         """
         saved = read_checkpoint(path)
-        training = saved.get("training")
-        if config is None and isinstance(training, dict) and "train_config" in training:
-            config = TrainConfig.from_dict(training["train_config"])
+        check_training_version(saved.get("training"), path)
         if config is None:
-            raise ValueError(
-                f"{path} holds no training state; start a new Trainer from its "
-                "weights instead."
-            )
+            config = saved_train_config(saved["training"], path)
         # the weights; _load adds the rest
         model, tokenizer = model_from_checkpoint(saved)
         trainer = cls(model, config, train_loader, valid_loader, tokenizer, **kwargs)
@@ -1113,18 +1110,42 @@ def data_fingerprint(loader: Iterable[Batch]) -> dict[str, Any]:
 TRAINING_VERSION = 2  # of the "training" entry of a checkpoint
 
 
+def check_training_version(training: Any, path: str | os.PathLike) -> None:
+    """Refuse a checkpoint without training state of this version (chapter 13)."""
+    version = training.get("version") if isinstance(training, dict) else None
+    if version != TRAINING_VERSION:
+        wrote = (
+            "Transformer.save, which writes none"
+            if version is None
+            else f"another version of aiayn, in format {version}"
+        )
+        raise ValueError(
+            f"{path} holds a model but no training state of format "
+            f"{TRAINING_VERSION}, which this version reads (written by {wrote}); to "
+            "start a new run from its weights, call model.load_weights(path) before "
+            "creating the Trainer."
+        )
+
+
+def saved_train_config(
+    training: dict[str, Any], path: str | os.PathLike
+) -> TrainConfig:
+    """The TrainConfig a checkpoint's training state holds, or why not (chapter 13)."""
+    try:
+        return TrainConfig.from_dict(training["train_config"])
+    except ValueError as err:  # fields added or removed since the file was written
+        raise ValueError(
+            f"{path} was written by another version of aiayn: {err} Resume it with "
+            "that version, or start a new run from its weights."
+        ) from err
+
+
 def check_resumable(
     saved: dict[str, Any], trainer: Trainer, path: str | os.PathLike
 ) -> None:
     """Refuse to continue with another model, recipe or data; name each (chapter 13)."""
     training = saved.get("training")
-    if not isinstance(training, dict) or training.get("version") != TRAINING_VERSION:
-        raise ValueError(
-            f"{path} holds a model but no training state of version "
-            f"{TRAINING_VERSION} (written by Transformer.save, or by another "
-            "version); to start a new run from its weights, call "
-            "model.load_weights(path) before creating the Trainer."
-        )
+    check_training_version(training, path)
     fingerprint = training["data"]["fingerprint"]
     differ = (
         _differences(saved["config"], trainer.model.config.to_dict(), saved["config"])
@@ -1223,7 +1244,12 @@ class RunFolder:
         """A new run needs a folder without another run (or overwrite).
 
         A resumed one drops its lost future: the snapshots and metrics after its step.
+        Files a killed write left half done (*.partial) go first.
         """
+        for partial in self.path.glob(
+            "*.partial"
+        ):  # no writer but us: we hold the lock
+            partial.unlink()
         files = [
             p
             for p in (self.last, *self.snapshots(), self.averaged, self.metrics)
@@ -1246,6 +1272,16 @@ class RunFolder:
             for path in files:
                 path.unlink()
             return
+        if owner is not None and owner[1] > step and not overwrite:
+            later = [
+                p.name for p in self.snapshots() if int(p.stem.split("_")[1]) > step
+            ]
+            raise ValueError(
+                f"{self.path} holds this run up to step {owner[1]}, later than step "
+                f"{step} that the resume starts from; it would lose last.pt and "
+                f"{len(later)} snapshot(s) ({', '.join(later) or 'none'}). Resume from "
+                f"{self.last}, or pass --overwrite (overwrite=True) to go back."
+            )
         for path in self.snapshots():  # taken after the step we resume from
             if int(path.stem.split("_")[1]) > step:
                 path.unlink()
