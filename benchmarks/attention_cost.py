@@ -60,6 +60,7 @@ from aiayn.train import pick_device
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers.py, next to this file
 import peers  # noqa: E402
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LENGTHS = {  # per measurement: (lengths, how many of the last ones fit the slope)
     "length": ([128, 256, 512, 1024, 2048], 4),
     "lstm": ([32, 64, 128, 256, 512, 1024], 3),
@@ -264,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto")
     p.add_argument("--json", help="also write every repetition's seconds to this file")
+    p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                   help="tensors' dtype; auto: float32 on a CPU, bfloat16 on a GPU, where "
+                        "only half precision reaches the flash and cuDNN kernels")
     p.add_argument("--smoke", action="store_true",
                    help="short lengths and 2 repetitions, to check that it runs")
     args = p.parse_args(argv)
@@ -271,12 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--reps must be at least 1, got {args.reps}")
     torch.set_num_threads(args.threads)
     device = pick_device(args.device)
+    dtype = args.dtype if args.dtype != "auto" else "float32" if device.type == "cpu" else "bfloat16"
+    torch.set_default_dtype(DTYPES[dtype])  # every tensor the measurements draw
 
     def sync() -> None:
         peers.synchronize(device)
 
     reps = 2 if args.smoke else args.reps
-    print(f"attention cost: {device.type} ({platform.machine()}), float32, "
+    print(f"attention cost: {device.type} ({platform.machine()}), {dtype}, "
           f"{args.threads} thread(s), torch {torch.__version__}, {reps} repetitions, "
           "milliseconds: median [min-max]\n")
     results = {}
@@ -285,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             lengths, fit = (SMOKE_LENGTHS if args.smoke else LENGTHS)[name]
             results[name] = MEASUREMENTS[name](device, reps, sync, lengths, fit)
     if args.json:
-        meta = {"device": device.type, "machine": platform.machine(),
+        meta = {"device": device.type, "machine": platform.machine(), "dtype": dtype,
                 "threads": args.threads, "torch": torch.__version__, "reps": reps}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1)

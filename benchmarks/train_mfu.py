@@ -105,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="autocast precision (fp32: none); default bf16")
     p.add_argument("--compile", choices=["no", "yes", "both"], default="no",
                    help="torch.compile the models: no, yes, or both eager and compiled")
-    p.add_argument("--batch-size", type=int, help="pairs per batch (the size's)")
-    p.add_argument("--seq-len", type=int, help="pairs of seq_len/2 .. seq_len-1 tokens")
+    p.add_argument("--batch-size", type=int,
+                   help="pairs per batch (the size's; on a GPU 512)")
+    p.add_argument("--seq-len", type=int,
+                   help="pairs of seq_len/2 .. seq_len-1 tokens (on a GPU 128)")
     p.add_argument("--steps", type=int, default=None, help="batches per repetition")
     p.add_argument("--reps", type=int, default=None, help="repetitions (default 5)")
     p.add_argument("--warmup", type=int, default=2,
@@ -117,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dropout", type=float, default=0.1, help="every dropout (0.1)")
     p.add_argument("--json", type=Path, help="write every raw number")
     args = p.parse_args(argv)
+    device = pick_device("cpu" if args.smoke else args.device)
     size = peers.SIZES["smoke" if args.smoke else args.size]
+    if device.type == "cuda":  # the CPU's small batches would time kernel launches
+        size = dataclasses.replace(size, batch_size=512, seq_len=128)
     size = dataclasses.replace(
         size, batch_size=args.batch_size or size.batch_size,
         seq_len=args.seq_len or size.seq_len, steps=args.steps or size.steps)
@@ -126,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--reps and --batch-size must be at least 1 and --seq-len in "
                 f"[2, {peers.MAX_LEN - 1}]")
     torch.set_num_threads(args.threads)
-    device = pick_device("cpu" if args.smoke else args.device)
     dtype = DTYPES[args.dtype]
 
     def sync() -> None:

@@ -201,3 +201,8 @@ def test_decode_throughput_runs_with_outputs_shorter_than_the_source() -> None:
     out = run_script("decode_throughput", "--vocab", "64", "--batch-size", "2", "--src-len", "12",
                      "--lengths", "4", "--reps", "1", "--device", "cpu")
     assert "speedup of the cache" in out
+
+
+def test_attention_cost_runs_in_half_precision_where_the_fused_kernels_live() -> None:
+    out = run_script("attention_cost", "--smoke", "--only", "backends", "--dtype", "bfloat16")
+    assert out.startswith("attention cost: cpu (") and ", bfloat16, " in out.splitlines()[0]
