@@ -446,3 +446,22 @@ def test_the_architecture_diagram_is_up_to_date() -> None:
     svg = (ROOT / "book/images/transformer.svg").read_text(encoding="utf-8")
     for module in ("aiayn.attention", "aiayn.multi_head", "aiayn.encoder", "aiayn.decoder", "aiayn.model"):
         assert module in svg
+
+
+def test_the_source_documents_get_readable_labels_in_the_references() -> None:
+    """pybtex's alpha labels made [Theapost] of "The attention post"; the sources read [Doc000]."""
+    from pybtex.database import parse_file
+    from pybtex.plugin import find_plugin
+
+    sys.path.insert(0, str(ROOT / "_ext"))
+    import bib_labels
+
+    bib_labels.setup(None)
+    style = find_plugin("pybtex.style.formatting", "aiayn-sources")()
+    entries = parse_file(str(ROOT / "references.bib")).entries
+    labels = {entry.key: entry.label for entry in style.format_entries(entries.values())}
+    assert [labels[f"doc00{i}"] for i in range(5)] == [f"Doc00{i}" for i in range(5)]
+    assert labels["vaswani2017"] == "VSP+17"  # the others keep their alpha labels
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]
+    assert config["config"]["bibtex_default_style"] == "aiayn-sources"
+    assert config["local_extensions"]["bib_labels"] == "_ext"
