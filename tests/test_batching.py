@@ -400,3 +400,22 @@ def test_set_epoch_rejects_bad_epochs():
     for bad in (-1, 1.0, "1"):
         with pytest.raises(ValueError, match="epoch"):
             sampler.set_epoch(bad)
+
+
+def test_a_batch_padded_to_a_multiple_of_8_gives_the_same_loss_and_logits() -> None:
+    """What the trainer does before a compiled step on a GPU changes no result."""
+    from aiayn import Transformer, TransformerConfig
+    from aiayn.optim import LabelSmoothingLoss
+
+    torch.manual_seed(0)
+    batch = make_batch([([5, 6, 7], [8, 9]), ([5, 6, 7, 9, 4], [8])], PAD, BOS, EOS)  # lengths 5, 3
+    padded = batch.padded_to(8)
+    assert padded.src.shape == (2, 8) and padded.tgt_in.shape == padded.tgt_out.shape == (2, 8)
+    assert padded.n_src_tokens == batch.n_src_tokens and padded.n_tgt_tokens == batch.n_tgt_tokens
+    assert torch.equal(batch.padded_to(1).src, batch.src)  # a multiple of 1: nothing to add
+    model = Transformer(TransformerConfig.tiny(12, max_len=16)).eval()
+    loss = LabelSmoothingLoss(0.1, ignore_index=0, reduction="sum")
+    with torch.no_grad():
+        a, b = model(batch.src, batch.tgt_in), model(padded.src, padded.tgt_in)
+        assert torch.allclose(a, b[:, : a.size(1)], atol=1e-5)
+        assert torch.allclose(loss(a, batch.tgt_out), loss(b, padded.tgt_out), atol=1e-4)

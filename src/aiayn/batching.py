@@ -284,6 +284,18 @@ class Batch:
         """
         return target_mask(self.tgt_in, self.pad_id)
 
+    def padded_to(self, multiple: int) -> Batch:
+        """The same batch, both lengths padded up to a multiple of `multiple`.
+
+        The masks hide the padding and the loss ignores it, so no result changes.
+        """
+
+        def pad(t: Tensor) -> Tensor:  # [batch, len] -> [batch, len rounded up]
+            extra = -t.size(1) % multiple
+            return torch.nn.functional.pad(t, (0, extra), value=self.pad_id)
+
+        return Batch(pad(self.src), pad(self.tgt_in), pad(self.tgt_out), self.pad_id)
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The same batch on device."""
         tensors = (self.src, self.tgt_in, self.tgt_out)

@@ -307,7 +307,8 @@ def _how_to_fix(cache: Path) -> str:
     """What a user can do about missing or damaged files."""
     return (
         f"Download {', '.join(MULTI30K_SHA256)} from {MULTI30K_URL} into a directory "
-        f"and set {DATA_ENV} to it (or pass root=...); or set neither, and the "
+        f"and set {DATA_ENV} to it (or name it: --data-dir on the command line, "
+        f"root= in Python); or set neither, and the "
         f"package downloads them into {cache}."
     )
 

@@ -754,6 +754,10 @@ class Trainer:
             to_device(next(self.batches), self.device, self.model.config)
             for _ in range(self.config.accum_steps)
         ]
+        if self.config.compile and self.device.type == "cuda":
+            # compiled code on a GPU guards on whether a length is a multiple of 8:
+            # when all are, one graph serves every batch (chapter 14)
+            batches = [batch.padded_to(8) for batch in batches]
         # [target, source] tokens, all processes
         counts = count_tokens(batches, self.model.config.pad_id)
         n_target = counts[0].clamp(min=1).float()
