@@ -465,3 +465,37 @@ def test_the_source_documents_get_readable_labels_in_the_references() -> None:
     config = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]
     assert config["config"]["bibtex_default_style"] == "aiayn-sources"
     assert config["local_extensions"]["bib_labels"] == "_ext"
+
+
+# What each source document states of itself (/work/shared/seeds): 001 its title, newsletter,
+# author and date; 004 its title (its first line); 000, 002 and 003 none of these.
+SOURCE_TITLES = {
+    "doc001": "Attention Is All You Need: The Original Transformer Architecture",
+    "doc004": "Attention is All You Need: The Transformer Architecture",
+}
+
+
+def test_the_references_give_each_source_what_it_states_of_itself() -> None:
+    """No source that has a title is "Untitled"; 001's author, newsletter and date are printed."""
+    from pybtex.database import parse_file
+    from pybtex.plugin import find_plugin
+
+    sys.path.insert(0, str(ROOT / "_ext"))
+    import bib_labels
+
+    bib_labels.setup(None)
+    style = find_plugin("pybtex.style.formatting", "aiayn-sources")()
+    entries = parse_file(str(ROOT / "references.bib")).entries
+    printed = {
+        e.key: e.text.render_as("text") for e in style.format_entries(entries.values())
+    }
+    for key, title in SOURCE_TITLES.items():
+        assert entries[key].fields["title"].replace("{", "").replace("}", "") == title
+        assert title.lower() in printed[key].lower(), printed[key]
+    for key in (f"doc00{i}" for i in range(5)):
+        assert "untitled" not in printed[key].lower(), printed[key]
+        states_a_title = key in SOURCE_TITLES
+        assert ("states no title" in printed[key]) != states_a_title, printed[key]
+    assert printed["doc001"].startswith("Damien Benveniste. ")
+    assert "The AiEdge Newsletter, 12 February 2025." in printed["doc001"]
+    assert "states no author or date" in printed["doc004"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import html
+import re
+
 import pytest
 import torch
 
@@ -17,6 +20,7 @@ from aiayn.viz import (
     head_ablation,
     head_statistics,
     heads_chart,
+    SentenceAttention,
     record_attention,
     sentence_attention,
     statistics_chart,
@@ -249,6 +253,39 @@ def test_sentence_attention_with_greedy_output(reverser) -> None:
     assert sa.weights["cross"].shape[2:] == (len(sa.output), 3)
     with pytest.raises(ValueError, match="no tokens"):
         sentence_attention(model, digits, "")
+
+
+# The book's text column on a 400-pixel-wide phone is 368 px, and vega-embed adds 28 px
+# beside a chart (both measured in Chromium): a wider chart scrolls sideways.
+PHONE_CHART_WIDTH = 368 - 28
+
+
+def test_the_grid_of_heads_shows_the_tokens_and_fits_a_phone() -> None:
+    """Every panel of heads_chart carries the key tokens, every row the query tokens; two heads to a row."""
+    vlc = pytest.importorskip("vl_convert")
+    pytest.importorskip("altair")
+    source = "▁Ein ▁Mann ▁hält ▁ein ▁kleines ▁Kind , ▁das ▁einen ▁Rucksack ▁trägt .".split()
+    output = "▁A ▁man ▁holding ▁a ▁small ▁child ▁wearing ▁a ▁backpack . </s>".split()
+    torch.manual_seed(0)
+    weights = {  # chapter 17's sentence and model shape: 3 layers of 4 heads
+        "encoder": torch.randn(3, 4, 12, 12).softmax(-1),
+        "decoder_self": torch.randn(3, 4, 11, 11).softmax(-1),
+        "cross": torch.randn(3, 4, 11, 12).softmax(-1),
+    }
+    sa = SentenceAttention(source, ["<s>", *output[:-1]], output, weights)
+    for kind in ATTENTION_KINDS:
+        spec = heads_chart(sa, kind).to_dict()
+        assert spec.get("columns", sa.n_heads) <= 2, "a wrapped facet, at most two heads to a row"
+        svg = vlc.vegalite_to_svg(spec)
+        width = float(re.search(r'<svg[^>]* width="([0-9.]+)"', svg).group(1))
+        assert width <= PHONE_CHART_WIDTH, f"{kind}: {width} px"
+        texts = [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg)]
+        queries, keys = sa.axes(kind)
+        assert all(f"layer {l}, head {h}" in texts for l in range(3) for h in range(4))
+        for token in keys:
+            assert texts.count(token) >= 12, (kind, token)  # under each of the 12 panels
+        for token in queries:
+            assert texts.count(token) >= 6, (kind, token)  # beside each of the 6 rows
 
 
 def test_charts(reverser) -> None:

@@ -391,7 +391,7 @@ def _weights_chart(sa: SentenceAttention, kind: str, title: str = "") -> Any:
     )
 
 
-def _token_axis(tokens: Sequence[str], title: str, **kwargs: Any) -> Any:
+def _token_axis(tokens: Sequence[str], title: str | None, **kwargs: Any) -> Any:
     """An axis over positions 0, 1, ... that shows the token at each (chapter 17)."""
     return _altair().Axis(
         title=title, labelExpr=f"{json.dumps(list(tokens))}[datum.value]", **kwargs
@@ -464,17 +464,37 @@ def _check_chart(
     return n_layers
 
 
-def heads_chart(sa: SentenceAttention, kind: str, cell: int = 7) -> Any:
-    """Every layer (rows) and head (columns) of one kind, small (chapter 17)."""
+def heads_chart(
+    sa: SentenceAttention, kind: str, cell: int = 10, columns: int = 2
+) -> Any:
+    """Every head of one kind, layer by layer, with the tokens (chapter 17).
+
+    Args:
+        sa: from sentence_attention.
+        kind: one of sa.weights' kinds.
+        cell: the side of one weight's square, in pixels.
+        columns: the heads side by side; two of a short sentence fit a phone.
+    """
     alt = _altair()
-    sa.axes(kind)
+    queries, keys = sa.axes(kind)
+    names = [
+        f"layer {l}, head {h}"
+        for l in range(sa.n_layers[kind])
+        for h in range(sa.n_heads)
+    ]
+    subtitle = f"rows: {QUERY_TITLES[kind]}; columns: key"
     return (
         _weights_chart(sa, kind)
+        .transform_calculate(panel=f"datum.layer * {sa.n_heads} + datum.head")
         .mark_rect()
         .encode(
-            x=alt.X("key:O", axis=None),
-            y=alt.Y("query:O", axis=None),
-            color=alt.Color("weight:Q", scale=alt.Scale(**WEIGHT_SCALE)),
+            x=alt.X("key:O", axis=_token_axis(keys, None, labelAngle=-90)),
+            y=alt.Y("query:O", axis=_token_axis(queries, None)),
+            color=alt.Color(
+                "weight:Q",
+                scale=alt.Scale(**WEIGHT_SCALE),
+                legend=alt.Legend(orient="top"),  # not beside: it would widen the grid
+            ),
             tooltip=[
                 "layer:O",
                 "head:O",
@@ -485,10 +505,16 @@ def heads_chart(sa: SentenceAttention, kind: str, cell: int = 7) -> Any:
         )
         .properties(width=alt.Step(cell), height=alt.Step(cell))
         .facet(
-            row=alt.Row("layer:O", title="layer"),
-            column=alt.Column("head:O", title="head"),
-            title=TITLES[kind],
+            facet=alt.Facet(
+                "panel:O",
+                title=None,
+                header=alt.Header(labelExpr=f"{json.dumps(names)}[datum.value]"),
+            ),
+            columns=columns,
+            spacing=8,
+            title=alt.Title(TITLES[kind], subtitle=subtitle),
         )
+        .resolve_axis(x="independent")  # the key tokens under every panel
     )
 
 
