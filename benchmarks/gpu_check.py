@@ -10,7 +10,7 @@ others. At the end the script prints a summary table (check, status, detail) and
 writes it to OUT/summary.txt, next to the raw log of every part.
 
     env      versions, the GPU, its capability, the attention kernels enabled
-    sync     Trainer.train_step under torch.cuda.set_sync_debug_mode("error");
+    sync     RunTrainer.train_step under torch.cuda.set_sync_debug_mode("error");
              the synchronisations of fit(), evaluate() and greedy, beam and
              sampling decoding, counted
     amp      the GPU recipe's model on two batch shapes of 12,000 positions: fp32,
@@ -23,7 +23,7 @@ writes it to OUT/summary.txt, next to the raw log of every part.
              match at least 0.9), then `python -m aiayn translate`, greedy and beam
     resume   chapter 14's bitwise resume: 100 steps against 50 + 50 resumed
     cache    benchmarks/decode_throughput.py: the speed-up of the key-value cache
-    compile  a Trainer with compile=True over 20 token-bucketed batches, with the
+    compile  a RunTrainer with compile=True over 20 token-bucketed batches, with the
              aot_eager and the inductor backend: graphs and recompile reasons
     mfu      benchmarks/train_mfu.py: the base model in bf16 on batches that fill
              the GPU, eager then compiled, against torch.nn.Transformer
@@ -630,11 +630,12 @@ def sync_setup(ctx: Context) -> tuple:
 
 
 def sync_trainer(ctx: Context, loader: Any, config: Any, steps: int) -> Any:
-    """A new Trainer of a fresh model, the same every time."""
+    """A new RunTrainer of a fresh model, the same every time."""
     import torch
 
     from aiayn import Transformer
-    from aiayn.train import TrainConfig, Trainer
+    from aiayn.engine import RunTrainer
+    from aiayn.train import TrainConfig
 
     torch.manual_seed(0)
     train_config = TrainConfig(
@@ -645,7 +646,7 @@ def sync_trainer(ctx: Context, loader: Any, config: Any, steps: int) -> Any:
         device=ctx.device,
         progress=False,
     )
-    return Trainer(Transformer(config), train_config, loader, log=None)
+    return RunTrainer(Transformer(config), train_config, loader, log=None)
 
 
 def report_syncs(ctx: Context, check: str, status: str, detail: str) -> None:
@@ -723,6 +724,8 @@ def part_sync(ctx: Context) -> None:
     """Host synchronisations of training, evaluation and decoding."""
     import torch
 
+    from aiayn.train import evaluate
+
     tok, loader, valid_loader, config = sync_setup(ctx)
     steps = 12 if ctx.small else 40
     trainer = sync_trainer(ctx, loader, config, steps)
@@ -743,7 +746,7 @@ def part_sync(ctx: Context) -> None:
         f"every 10 expected): {fmt_counter(found)}",
     )
     with count_syncs(ctx.cuda) as found:
-        trainer.evaluate(valid_loader)
+        evaluate(trainer.model, valid_loader, trainer.criterion, trainer.config.amp)
     report_syncs(
         ctx,
         "sync.evaluate",
@@ -814,14 +817,15 @@ def amp_steps(ctx: Context, amp: str, config: Any, batches: list) -> tuple:
     import torch
 
     from aiayn import Transformer
-    from aiayn.train import TrainConfig, Trainer, check_finite
+    from aiayn.engine import RunTrainer, check_finite
+    from aiayn.train import TrainConfig
 
     device = torch.device(ctx.device)
     torch.manual_seed(0)
     train_config = TrainConfig(
         steps=100, warmup=4000, amp=amp, device=ctx.device, log_every=0, progress=False
     )
-    trainer = Trainer(Transformer(config), train_config, batches * 100, log=None)
+    trainer = RunTrainer(Transformer(config), train_config, batches * 100, log=None)
     scale0 = float(trainer.scaler.get_scale())
     if ctx.cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -1437,13 +1441,13 @@ class Recording:
 
 
 def compile_trainer(ctx: Context, steps: int) -> tuple:
-    """A Trainer with compile=True on the copy task's token-bucketed batches."""
+    """A RunTrainer with compile=True on the copy task's token-bucketed batches."""
     import torch
 
     from aiayn import Transformer, TransformerConfig
+    from aiayn.engine import RunTrainer
     from aiayn.train import (
         TrainConfig,
-        Trainer,
         encode_pairs,
         make_loader,
         synthetic_pairs,
@@ -1466,7 +1470,7 @@ def compile_trainer(ctx: Context, steps: int) -> tuple:
         device=ctx.device,
         progress=False,
     )
-    return Trainer(model, config, loader, log=None), loader
+    return RunTrainer(model, config, loader, log=None), loader
 
 
 def compile_steps(ctx: Context, trainer: Any, loader: Recording, steps: int) -> list:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from aiayn.data import BOOK_RECIPE, evaluate_bleu, load_multi30k, train_multi30k
+from aiayn import TransformerConfig
+from aiayn.data import BOOK_RECIPE, Multi30kRecipe, evaluate_bleu, load_multi30k, train_multi30k
 from ship_pretrained import cpu_name  # scripts/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,20 @@ VARIANTS = {
 }
 
 
+def variant(changes: dict) -> Multi30kRecipe:
+    """BOOK_RECIPE with the changes, each made where its setting is declared."""
+    model_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    top = {k: v for k, v in changes.items() if k in ("vocab_size", "max_tokens")}
+    model = {k: v for k, v in changes.items() if k in model_fields}
+    schedule = {k: v for k, v in changes.items() if k not in top and k not in model}
+    return dataclasses.replace(
+        BOOK_RECIPE,
+        **top,
+        model=dataclasses.replace(BOOK_RECIPE.model, **model),
+        schedule=dataclasses.replace(BOOK_RECIPE.schedule, **schedule),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variants", nargs="*", help=f"some of {', '.join(VARIANTS)} (default: all)")
@@ -58,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     for name in args.variants or list(VARIANTS):
-        recipe = dataclasses.replace(BOOK_RECIPE, **VARIANTS[name])
+        recipe = variant(VARIANTS[name])
         start = time.perf_counter()
         model, tokenizer, history = train_multi30k(recipe, args.data_dir, device="cpu", log=None)
         seconds = time.perf_counter() - start

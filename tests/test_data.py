@@ -259,12 +259,25 @@ def test_evaluate_bleu_scores_translate_in_order(tokenizer, small_data):
 def test_recipes_make_shared_embedding_models_and_keys():
     config = TINY_RECIPE.model_config(500)
     assert config.share_embeddings and config.tie_output and config.src_vocab_size == config.tgt_vocab_size
-    assert TINY_RECIPE.key() == Multi30kRecipe(**dataclasses.asdict(TINY_RECIPE)).key()
-    assert TINY_RECIPE.key() != Multi30kRecipe(**{**dataclasses.asdict(TINY_RECIPE), "seed": 1}).key()
-    assert TINY_RECIPE.train_config(log_every=3).steps == TINY_RECIPE.steps
-    for bad in (dict(d_model=30, n_heads=4), dict(direction="fr-en"), dict(factor=0.0), dict(max_tokens=0)):
+    same = Multi30kRecipe(TINY_RECIPE.direction, TINY_RECIPE.vocab_size, dataclasses.replace(TINY_RECIPE.model),
+                          dataclasses.replace(TINY_RECIPE.schedule), TINY_RECIPE.max_tokens)
+    assert TINY_RECIPE.key() == same.key()
+    for change in (dict(schedule=data.schedule(steps=20, warmup=10, factor=1.0, seed=1)),
+                   dict(model=dataclasses.replace(TINY_RECIPE.model, activation="gelu")),
+                   dict(vocab_size=501), dict(max_tokens=256)):  # every setting of the model is in the key
+        assert dataclasses.replace(TINY_RECIPE, **change).key() != TINY_RECIPE.key(), change
+    # the model's vocabulary is the tokenizer's: its placeholder sizes do not change the key
+    assert dataclasses.replace(TINY_RECIPE, model=dataclasses.replace(
+        TINY_RECIPE.model, src_vocab_size=7, tgt_vocab_size=7)).key() == TINY_RECIPE.key()
+    assert TINY_RECIPE.train_config(log_every=3).steps == TINY_RECIPE.schedule.steps
+    # one declaration per setting: the recipe holds the model's and the schedule's configurations
+    assert {f.name for f in dataclasses.fields(Multi30kRecipe)} == {
+        "direction", "vocab_size", "model", "schedule", "max_tokens"}
+    for bad in (lambda: Multi30kRecipe(model=data.joint_model(d_model=30, n_heads=4)),
+                lambda: Multi30kRecipe(direction="fr-en"), lambda: Multi30kRecipe(schedule=data.schedule(factor=0.0)),
+                lambda: Multi30kRecipe(max_tokens=0), lambda: Multi30kRecipe(model={"d_model": 256})):
         with pytest.raises(ValueError):
-            Multi30kRecipe(**bad)
+            bad()
 
 
 @pytest.fixture(scope="module")
@@ -337,7 +350,7 @@ def test_the_preset_trains_two_steps_and_bleu_scores_the_checkpoint(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "training multi30k-de-en on cpu" in done.stdout and "valid BLEU" in done.stdout
     model, tokenizer = load_checkpoint_model(tmp_path / "run" / "last.pt")
-    assert isinstance(tokenizer, SubwordTokenizer) and model.config.d_model == TINY_RECIPE.d_model
+    assert isinstance(tokenizer, SubwordTokenizer) and model.config.d_model == TINY_RECIPE.model.d_model
     scored = run_aiayn("bleu", "--checkpoint", str(tmp_path / "run"), "--limit", "4", "--greedy",
                        "--device", "cpu", "--output", str(tmp_path / "out.txt"), env=env)
     assert scored.returncode == 0, scored.stderr
@@ -352,11 +365,11 @@ def test_the_preset_picks_the_recipe_that_fits_the_device(tmp_path, monkeypatch,
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     cpu = torch.device("cpu")
     on_cpu = cli.multi30k_experiment("multi30k-de-en", {"train_size": 200, "vocab_size": 300}, cpu)
-    assert on_cpu.options["model"] == "book" and on_cpu.model_config.d_model == data.BOOK_RECIPE.d_model
+    assert on_cpu.options["model"] == "book" and on_cpu.model_config.d_model == data.BOOK_RECIPE.model.d_model
     assert on_cpu.train_config.amp == ("bf16" if data.cpu_has_bf16() else "off")  # as chapter 16 trains it
     assert not on_cpu.train_config.compile and capsys.readouterr().err == ""
     asked = cli.multi30k_experiment("multi30k-en-de", {"train_size": 200, "vocab_size": 300, "model": "gpu"}, cpu)
-    assert asked.model_config.d_model == data.GPU_RECIPE.d_model  # given explicitly, it is honoured...
+    assert asked.model_config.d_model == data.GPU_RECIPE.model.d_model  # given explicitly, it is honoured...
     assert "--model book trains" in capsys.readouterr().err  # ... with a warning of the time it takes
 
 

@@ -32,8 +32,8 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
 
     from aiayn import Transformer, TransformerConfig
-    from aiayn.engine import init_distributed
-    from aiayn.train import (TrainConfig, Trainer, encode_pairs, make_loader,
+    from aiayn.engine import RunTrainer, init_distributed
+    from aiayn.train import (TrainConfig, encode_pairs, make_loader,
                              pick_device, synthetic_pairs, synthetic_tokenizer)
 
     out = Path(sys.argv[1])
@@ -46,7 +46,7 @@ SCRIPT = textwrap.dedent(
     loader = make_loader(pairs, tokenizer, max_tokens=256, num_replicas=world_size, rank=rank)
     config = TrainConfig(steps={STEPS}, warmup=20, label_smoothing=0.1, log_every=1, device="cpu",
                          progress=False, checkpoint_dir=str(out / "checkpoints"))
-    trainer = Trainer(model, config, loader, tokenizer=tokenizer)
+    trainer = RunTrainer(model, config, loader, tokenizer=tokenizer)
     trainer.fit()
     torch.save(trainer.model.state_dict(), out / f"rank{{rank}}.pt")
     dist.destroy_process_group()

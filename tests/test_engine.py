@@ -113,8 +113,9 @@ def test_a_fresh_run_refuses_a_folder_of_another_run(tmp_path, capsys):
     folder = str(tmp_path / "D")
     snapshots = ["--checkpoint-every", "10", "--keep-checkpoints", "3", "--checkpoint-dir", folder, *SMALL]
     assert run_main(capsys, "--task", "copy", "--steps", "60", *snapshots)[0] == 0
-    code, _, err = run_main(capsys, "--task", "copy", "--steps", "20", "--seed", "5", *snapshots)
+    code, out, err = run_main(capsys, "--task", "copy", "--steps", "20", "--seed", "5", *snapshots)
     assert code == 2 and f"{folder} holds another run (its last.pt is at step 60)" in err and "--overwrite" in err
+    assert "training" not in out and "(RunTrainer.resume in Python)" in err  # no first line for a refused run
     assert sorted(p.name for p in (tmp_path / "D").glob("step_*.pt")) == [
         "step_00000040.pt", "step_00000050.pt", "step_00000060.pt"]  # untouched
     code, out, err = run_main(capsys, "--task", "copy", "--steps", "20", "--seed", "5", "--overwrite", *snapshots)
@@ -183,6 +184,7 @@ def test_a_second_run_in_the_same_folder_is_refused_by_the_lock(tmp_path):
         second = train("--task", "copy", "--steps", "5", "--checkpoint-dir", "busy", *SMALL, cwd=tmp_path)
         assert second.returncode == 2
         assert f"another process (pid {run.pid}) is training into busy" in second.stderr
+        assert second.stdout == ""  # not even the run's first line
     finally:
         run.send_signal(signal.SIGTERM)
         run.communicate(timeout=120)
@@ -253,7 +255,8 @@ def test_grad_checkpointing_from_the_command_line(tmp_path, capsys):
 
 def test_a_checkpoint_of_another_version_is_refused_saying_which_and_what_differs(tmp_path, capsys):
     from aiayn.model import content_hash
-    from aiayn.train import Trainer, make_loader
+    from aiayn.engine import RunTrainer
+    from aiayn.train import make_loader
 
     assert run_main(capsys, "--task", "copy", "--steps", "4", "--checkpoint-dir", str(tmp_path / "run"),
                     *SMALL)[0] == 0
@@ -274,7 +277,7 @@ def test_a_checkpoint_of_another_version_is_refused_saying_which_and_what_differ
                            "new run from its weights.")
     loader = make_loader(encode_pairs(synthetic_tokenizer(10), synthetic_pairs("copy", 50)), synthetic_tokenizer(10), 256)
     with pytest.raises(ValueError, match="unknown fields \\['grad_checkpointing'\\]"):
-        Trainer.resume(older, loader)
+        RunTrainer.resume(older, loader)
     format1 = rewritten("format1.pt", lambda t: {**t, "version": 1})
     code, _, err = run_main(capsys, "--resume", str(format1), "--steps", "8")
     assert code == 2 and "written by another version of aiayn, in format 1" in err

@@ -86,3 +86,54 @@ def test_modules_are_imported_by_name_only_by_the_dispatcher_and_the_tokenizer_t
     by_name = sorted(p.stem for p in SRC.glob("*.py") if calls_of(p, "import_module"))
     assert by_name == ["__main__", "batching"]
 
+
+
+# One definition of each thing: the helpers the chapters share are defined once and
+# imported; the integer check is written once.
+BOOK = ROOT / "book"
+SHARED_HELPERS = {  # name -> the module that defines it
+    "count_parameters": "attention",
+    "count_flops": "attention",
+    "show_error": "model",
+    "is_int": "masks",
+    "is_number": "masks",
+    "atomic_file": "model",
+}
+RETYPED = r"^def (n_params|count|matmul_flops|flops|count_flops|count_parameters|show_error)\("
+
+
+def test_the_shared_helpers_are_defined_once_and_imported_elsewhere() -> None:
+    import re
+
+    for name, home in SHARED_HELPERS.items():
+        defining = [p.stem for p in SRC.glob("*.py") if re.search(rf"^def {name}\(", p.read_text(), re.M)]
+        assert defining == [home], (name, defining)
+    retyped = {
+        p.name: re.findall(RETYPED, p.read_text(encoding="utf-8"), re.M)
+        for p in sorted(BOOK.glob("[0-9][0-9]_*.md"))
+    }
+    # only the chapters whose modules export them define them
+    assert {k: v for k, v in retyped.items() if v} == {
+        "01_attention.md": ["count_parameters", "count_flops"],
+        "09_transformer.md": ["show_error"],
+    }
+
+
+def test_the_integer_check_is_written_once() -> None:
+    import re
+
+    pattern = re.compile(r"isinstance\(([\w.]+), bool\)\s*(or|and)\s*(not )?isinstance\(\1, \(?int")
+    copies = {p.stem: len(pattern.findall(p.read_text())) for p in SRC.glob("*.py")}
+    assert {k: v for k, v in copies.items() if v} == {"masks": 1}  # is_int itself
+    fsync_writers = sorted(p.stem for p in SRC.glob("*.py") if "os.fsync(f.fileno())" in p.read_text())
+    assert fsync_writers == ["model"]  # atomic_file, the one atomic write
+
+
+def test_the_configurations_are_short_and_the_recipe_declares_no_field_twice() -> None:
+    tree = ast.parse((SRC / "model.py").read_text(encoding="utf-8"))
+    config = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TransformerConfig")
+    assert config.end_lineno - config.lineno + 1 <= 150
+    tree = ast.parse((SRC / "data.py").read_text(encoding="utf-8"))
+    recipe = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Multi30kRecipe")
+    declared = {n.target.id for n in recipe.body if isinstance(n, ast.AnnAssign)}
+    assert declared == {"direction", "vocab_size", "model", "schedule", "max_tokens"}

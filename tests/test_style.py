@@ -2,8 +2,9 @@
 
 Each chapter's exported code arrives in cells of at most 100 lines (the median at
 most 30), its code and printed outputs fit in 88 columns, its prose is at most about
-4,500 words, and the package's bookkeeping (`__all__`) is generated, never written
-by hand. The formatter and linter are ruff, configured in pyproject.toml.
+4,500 words, each chapter reads in one sitting (at most 90 minutes) and the book in
+at most 20 hours, and the package's bookkeeping (`__all__`) is generated, never
+written by hand. The formatter and linter are ruff, configured in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ WIDTH = 88  # pyproject.toml's [tool.ruff] line-length
 MAX_EXPORT_LINES = 100
 MAX_MEDIAN_EXPORT_LINES = 30
 MAX_WORDS = 4500
+# Reading time: 200 words of prose and 15 lines of code a minute, counting the code a
+# reader sees (folded cells, validation and plotting, are not).
+WORDS_PER_MINUTE, CODE_LINES_PER_MINUTE = 200, 15
+FOLDED = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
+MAX_CHAPTER_MINUTES = 90
+MAX_BOOK_HOURS = 20
 
 
 def pages(among: list[Path] = CHAPTERS) -> list:
@@ -67,6 +74,24 @@ def prose_words(chapter: Path) -> int:
     text = re.sub(r"\{[a-z]+\}`[^`]*`", " ", text)  # roles: {cite}`...`, {doc}`...`
     text = re.sub(r"^\(.*\)=$", " ", text, flags=re.M)  # labels
     return len(re.findall(r"[A-Za-z][A-Za-z'-]*", text))
+
+
+def visible_code_lines(page: Path) -> int:
+    """Non-blank lines of the code cells that the HTML book shows unfolded."""
+    return sum(
+        1
+        for c in jupytext.read(page).cells
+        if c.cell_type == "code" and not FOLDED & set(c.metadata.get("tags", []))
+        for line in c.source.splitlines()
+        if line.strip()
+    )
+
+
+def reading_minutes(page: Path) -> float:
+    return (
+        prose_words(page) / WORDS_PER_MINUTE
+        + visible_code_lines(page) / CODE_LINES_PER_MINUTE
+    )
 
 
 def test_the_package_and_the_notebooks_are_formatted() -> None:
@@ -150,6 +175,21 @@ def test_the_median_export_cell_is_at_most_30_lines() -> None:
 @pytest.mark.parametrize("chapter", pages())
 def test_chapter_prose_is_at_most_4500_words(chapter: Path) -> None:
     assert prose_words(chapter) <= MAX_WORDS, f"{prose_words(chapter)} words"
+
+
+@pytest.mark.parametrize("chapter", pages())
+def test_chapter_reads_in_one_sitting(chapter: Path) -> None:
+    minutes = reading_minutes(chapter)
+    assert minutes <= MAX_CHAPTER_MINUTES, (
+        f"{minutes:.0f} minutes to read ({prose_words(chapter)} words, "
+        f"{visible_code_lines(chapter)} lines of code shown): move code that is not "
+        "what the chapter teaches to where it belongs, or fold validation and plots"
+    )
+
+
+def test_the_book_reads_in_at_most_20_hours() -> None:
+    hours = sum(map(reading_minutes, PAGES)) / 60
+    assert hours <= MAX_BOOK_HOURS, f"{hours:.1f} hours"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)

@@ -1,4 +1,5 @@
-"""Tests of aiayn.train (chapter 13): data, decoding, one update, the loop, checkpoints, resume, guards."""
+"""Tests of aiayn.train (chapter 13) and of the RunTrainer of aiayn.engine (chapter 14): data, decoding,
+one update, the loop, checkpoints, resume, guards."""
 
 from __future__ import annotations
 
@@ -16,12 +17,11 @@ import torch
 from aiayn import Transformer, TransformerConfig
 from aiayn.batching import Batch, make_batch
 from aiayn.model import read_checkpoint
+from aiayn.engine import NonFiniteLoss, RunTrainer, TrainingInterrupted, claim_folder
 from aiayn.train import (
-    NonFiniteLoss,
     RunFolder,
     TrainConfig,
     Trainer,
-    TrainingInterrupted,
     autocast_dtype,
     average_checkpoints,
     encode_pairs,
@@ -50,9 +50,9 @@ def config(**overrides) -> TrainConfig:
     return TrainConfig(**{**base, **overrides})
 
 
-def trainer(steps: int = 6, model: Transformer | None = None, loader=None, **overrides) -> Trainer:
+def trainer(steps: int = 6, model: Transformer | None = None, loader=None, **overrides) -> RunTrainer:
     loader = make_loader(PAIRS, TOKENIZER, max_tokens=160) if loader is None else loader
-    return Trainer(model or tiny_model(), config(steps=steps, **overrides), loader,
+    return RunTrainer(model or tiny_model(), config(steps=steps, **overrides), loader,
                    make_loader(PAIRS[:40], TOKENIZER, 160, shuffle=False), TOKENIZER, log=None)
 
 
@@ -234,13 +234,13 @@ def test_interrupted_and_resumed_run_reproduces_the_uninterrupted_one(tmp_path):
             history["valid_loss"][history["valid_step"].index(step)]
     assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(),
                                                   resumed.model.state_dict().values()))
-    again = Trainer.resume(tmp_path / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=None)
+    again = RunTrainer.resume(tmp_path / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=None)
     assert again.step == 14 and again.config.steps == 14 and again.tokenizer.to_dict() == TOKENIZER.to_dict()
 
 
 def test_a_repeated_signal_is_one_request_and_none_interrupts_the_save():
     """timeout, and Ctrl-C under torchrun, deliver one signal twice: that must not abort."""
-    from aiayn.train import stop_on_signals
+    from aiayn.engine import stop_on_signals
 
     with stop_on_signals(grace=0.5) as stop:
         os.kill(os.getpid(), signal.SIGINT)
@@ -277,7 +277,7 @@ def test_a_signal_ends_the_update_saves_it_and_the_run_resumes_exactly(tmp_path)
     saved = read_checkpoint(tmp_path / "run" / "last.pt")["training"]
     assert saved["step"] == 4 and saved["data"]["position"] == 8  # the update the signal fell in, whole
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is given back
-    resumed = Trainer.resume(tmp_path / "run" / "last.pt", batches, log=None)
+    resumed = RunTrainer.resume(tmp_path / "run" / "last.pt", batches, log=None)
     assert resumed.fit()["loss"] == reference["loss"]  # exactly
 
 
@@ -349,7 +349,7 @@ def test_a_diverging_run_stops_with_a_clear_error_and_keeps_its_good_checkpoint(
     good = trainer(steps=2, checkpoint_dir=str(tmp_path))
     good.fit()
     kept = (tmp_path / "last.pt").read_bytes()
-    t = Trainer.resume(tmp_path / "last.pt", make_loader(PAIRS, TOKENIZER, max_tokens=160), log=None,
+    t = RunTrainer.resume(tmp_path / "last.pt", make_loader(PAIRS, TOKENIZER, max_tokens=160), log=None,
                        config=dataclasses.replace(good.config, steps=40, checkpoint_every=1))
     with torch.no_grad():  # the weights are finite, but every loss from now on is NaN
         t.model.head.weight.mul_(1e38)
@@ -397,7 +397,7 @@ def test_a_resumed_run_drops_the_snapshots_and_log_lines_after_its_step(tmp_path
     t.save_checkpoint(backup)
     copy_at_4 = trainer(steps=4, checkpoint_dir=str(tmp_path / "other"))
     copy_at_4.fit()
-    resumed = Trainer.resume(tmp_path / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=None,
+    resumed = RunTrainer.resume(tmp_path / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=None,
                              config=dataclasses.replace(t.config, steps=8))
     resumed.fit()
     assert [p.name for p in resumed.folder.snapshots()][-1] == "step_00000008.pt"
@@ -407,7 +407,7 @@ def test_a_resumed_run_drops_the_snapshots_and_log_lines_after_its_step(tmp_path
 
 def test_a_second_run_cannot_train_into_a_locked_folder(tmp_path):
     holder = RunFolder(tmp_path)
-    with holder.claim("someone", 0, overwrite=False):
+    with claim_folder(holder, "someone", 0, overwrite=False):
         t = trainer(steps=2, checkpoint_dir=str(tmp_path))
         with pytest.raises(ValueError, match=f"another process .pid {os.getpid()}. is training into"):
             t.fit()
@@ -472,7 +472,7 @@ def test_compile_makes_one_dynamic_graph_for_every_batch_shape(monkeypatch):
     loader = RecordingLoader(make_loader(pairs, TOKENIZER, max_tokens=600, bucket_size=None))
     torch.manual_seed(0)
     model = Transformer(TransformerConfig.tiny(TOKENIZER.vocab_size, max_len=25))
-    t = Trainer(model, config(steps=12, compile=True), loader, log=None)
+    t = RunTrainer(model, config(steps=12, compile=True), loader, log=None)
     try:
         for _ in range(12):
             t.train_step()
@@ -509,9 +509,49 @@ def test_resuming_where_auto_means_another_precision_starts_a_fresh_scaler(tmp_p
     monkeypatch.setattr(train, "autocast_dtype",
                         lambda amp, device: torch.float16 if amp == "auto" else real(amp, device))
     said = []
-    resumed = Trainer.resume(tmp_path / "run" / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=said.append)
+    resumed = RunTrainer.resume(tmp_path / "run" / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=said.append)
     assert resumed.scaler.get_growth_interval() == 2000 and resumed.scaler.get_scale() == 65536.0
     assert any("loss scaling starts afresh" in line for line in said)
     monkeypatch.setattr(train, "autocast_dtype", real)
-    again = Trainer.resume(tmp_path / "run" / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=None)
+    again = RunTrainer.resume(tmp_path / "run" / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=None)
     assert again.scaler.state_dict() == t.scaler.state_dict()  # the same precision: loaded as saved
+
+
+# --- the plain loop and the run trainer ----------------------------------------------------------
+
+def test_the_plain_trainer_is_at_most_200_lines_and_its_module_names_no_later_chapter():
+    import ast
+    source = (ROOT / "src" / "aiayn" / "train.py").read_text(encoding="utf-8")
+    trainer_class = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
+    assert trainer_class.end_lineno - trainer_class.lineno + 1 <= 200
+    docstrings = [ast.get_docstring(n) or "" for n in ast.walk(ast.parse(source))
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))]
+    assert not [d for d in docstrings if "chapter 14" in d.lower() or "chapters 13, 14" in d]
+
+
+def test_building_a_trainer_leaves_the_global_random_state_alone():
+    models, loader = [tiny_model(), tiny_model()], make_loader(PAIRS, TOKENIZER, 160)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    Trainer(models[0], config(), loader, log=None)
+    RunTrainer(models[1], config(), loader, log=None)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_plain_trainer_learns_and_runs_the_same_for_the_same_seed(tmp_path):
+    def run() -> Trainer:
+        t = Trainer(tiny_model(), config(steps=8, checkpoint_dir=str(tmp_path / "plain")),
+                    make_loader(PAIRS, TOKENIZER, 160), log=None)
+        t.fit()
+        return t
+
+    first = run()
+    assert first.history["loss"][-1] < first.history["loss"][0]
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir() if p.name != "tensorboard") == [
+        "last.pt", "metrics.jsonl"]  # no lock: that is the RunTrainer's
+    torch.manual_seed(99)  # fit() of a new run seeds dropout itself
+    assert run().history["loss"] == first.history["loss"]
+    again = Trainer.resume(tmp_path / "plain" / "last.pt", make_loader(PAIRS, TOKENIZER, 160), log=None)
+    assert again.step == 8 and type(again) is Trainer
+    assert "rng" not in first.state_dict() and "rng" in RunTrainer(
+        tiny_model(), config(), make_loader(PAIRS, TOKENIZER, 160), log=None).state_dict()

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
 
 __all__ = [
     "AdditiveAttention",
     "broadcast_shape",
     "check_attention_inputs",
+    "count_flops",
+    "count_parameters",
     "masked_softmax",
     "scaled_dot_product_attention",
 ]
@@ -227,3 +230,20 @@ class AdditiveAttention(nn.Module):
         scores = self.v(torch.tanh(q + k)).squeeze(-1)  # [..., q_len, k_len]
         weights = masked_softmax(scores, mask)
         return weights @ value, weights  # [..., q_len, d_v], [..., q_len, k_len]
+
+
+# Chapter 1, "Comparing the two"
+def count_parameters(*modules: nn.Module) -> int:
+    """Parameters of the modules, each shared tensor counted once (chapter 1)."""
+    unique = {id(p): p for m in modules for p in m.parameters()}
+    return sum(p.numel() for p in unique.values())
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of the matrix products that fn() runs, without autograd (chapter 1).
+
+    As torch.utils.flop_counter counts them: 2 per multiply-add, from the shapes.
+    """
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        fn()
+    return counter.get_total_flops()

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.masks import padding_mask, target_mask
+from aiayn.masks import is_int, padding_mask, target_mask
 
 __all__ = [
     "Batch",
@@ -158,7 +158,7 @@ def _id_list(ids: Sequence[int] | Tensor) -> Sequence[int]:
 
 def _check_decoded_id(i: Any, vocab_size: int) -> None:
     """An id that decode can read, or a ValueError."""
-    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size:
+    if not is_int(i, 0, vocab_size):
         raise ValueError(f"decode got {i!r}, which is not an id in [0, {vocab_size}).")
 
 
@@ -233,7 +233,7 @@ def _ids(seq: Sequence[int] | Tensor, what: str) -> Tensor:
 
 def _check_id(name: str, value: int) -> None:
     """A token id, a non-negative int, or a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_int(value, 0):
         raise ValueError(f"{name} must be a non-negative int token id, got {value!r}.")
 
 
@@ -533,7 +533,7 @@ class TokenBatchSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Use the batches of this epoch next (call it with one epoch on every rank)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        if not is_int(epoch, 0):
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}.")
         self.epoch = epoch
 
@@ -639,27 +639,15 @@ def _check_sampler_args(
         ("num_replicas", num_replicas, 1),
         ("seed", seed, None),
     ):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or (low is not None and value < low)
-        ):
+        if not is_int(value, low):
             raise ValueError(
                 f"{name} must be an int{f' >= {low}' if low else ''}, got {value!r}."
             )
-    if (
-        isinstance(rank, bool)
-        or not isinstance(rank, int)
-        or not 0 <= rank < num_replicas
-    ):
+    if not is_int(rank, 0, num_replicas):
         raise ValueError(
             f"rank must be an int in [0, num_replicas={num_replicas}), got {rank!r}."
         )
-    if bucket_size is not None and (
-        isinstance(bucket_size, bool)
-        or not isinstance(bucket_size, int)
-        or bucket_size < 1
-    ):
+    if bucket_size is not None and (not is_int(bucket_size, 1)):
         raise ValueError(
             f"bucket_size must be None (sort everything) or an int >= 1, "
             f"got {bucket_size!r}."

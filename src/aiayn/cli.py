@@ -38,7 +38,13 @@ from aiayn.data import (
     recipe_amp,
 )
 from aiayn.decoding import too_long_inputs, translate
-from aiayn.engine import enable_grad_checkpointing, init_distributed
+from aiayn.engine import (
+    NonFiniteLoss,
+    RunTrainer,
+    TrainingInterrupted,
+    enable_grad_checkpointing,
+    init_distributed,
+)
 from aiayn.model import (
     Transformer,
     TransformerConfig,
@@ -49,11 +55,8 @@ from aiayn.model import (
 from aiayn.train import (
     AMP_MODES,
     TASKS,
-    NonFiniteLoss,
     Pairs,
     TrainConfig,
-    Trainer,
-    TrainingInterrupted,
     average_checkpoints,
     check_training_version,
     encode_pairs,
@@ -225,10 +228,14 @@ def multi30k_experiment(
             "16's 5M model in minutes.",
             file=sys.stderr,
         )
-    recipe_flags = ("vocab_size", "dropout")
-    changed = {k: options[k] for k in recipe_flags if options.get(k) is not None}
-    direction = name.removeprefix("multi30k-")
-    recipe = dataclasses.replace(RECIPES[model], direction=direction, **changed)
+    recipe = dataclasses.replace(
+        RECIPES[model], direction=name.removeprefix("multi30k-")
+    )
+    if options.get("vocab_size") is not None:
+        recipe = dataclasses.replace(recipe, vocab_size=options["vocab_size"])
+    if options.get("dropout") is not None:
+        dropout = dataclasses.replace(recipe.model, dropout=options["dropout"])
+        recipe = dataclasses.replace(recipe, model=dropout)
     tokenizer, train, valid = prepare_multi30k(
         recipe, options.get("data_dir"), options.get("train_size")
     )
@@ -236,7 +243,7 @@ def multi30k_experiment(
     kept = {  # what decides the model and the data
         "model": model,
         "vocab_size": recipe.vocab_size,
-        "dropout": recipe.dropout,
+        "dropout": recipe.model.dropout,
         "train_size": options.get("train_size"),
         "bleu_size": options.get("bleu_size"),
     }
@@ -261,9 +268,9 @@ def _preset_config(
         periods = dict(log_every=100, eval_every=500, checkpoint_every=250)
     else:
         periods = dict(
-            log_every=max(1, recipe.steps // 10),
-            eval_every=recipe.steps,
-            checkpoint_every=max(1, recipe.steps // 5),
+            log_every=max(1, recipe.schedule.steps // 10),
+            eval_every=recipe.schedule.steps,
+            checkpoint_every=max(1, recipe.schedule.steps // 5),
         )
     return recipe.train_config(
         amp=recipe_amp(device),
@@ -472,8 +479,8 @@ def _train(
     trainer = _trainer(experiment, config, name, max_tokens, resume, device, world)
     if args.grad_checkpointing:
         enable_grad_checkpointing(trainer.model)
-    if world[0] == 0:
-        print(_first_line(trainer, name, device, world, config.steps))
+    if world[0] == 0:  # said once the folder is the run's
+        trainer.announce = _first_line(trainer, name, device, world, config.steps)
     start = time.perf_counter()
     history = trainer.fit()
     if world[0] == 0:
@@ -518,8 +525,8 @@ def _trainer(
     resume: Path | None,
     device: torch.device,
     world: tuple[int, int],
-) -> Trainer:
-    """A new Trainer for the experiment, or the resumed run's."""
+) -> RunTrainer:
+    """A new RunTrainer for the experiment, or the resumed run's."""
     loader = make_loader(
         experiment.train_pairs,
         experiment.tokenizer,
@@ -544,13 +551,13 @@ def _trainer(
         },
     )
     if resume is not None:
-        return Trainer.resume(resume, loader, valid, config=config, **extra)
+        return RunTrainer.resume(resume, loader, valid, config=config, **extra)
     model = Transformer(experiment.model_config)
-    return Trainer(model, config, loader, valid, experiment.tokenizer, **extra)
+    return RunTrainer(model, config, loader, valid, experiment.tokenizer, **extra)
 
 
 def _first_line(
-    trainer: Trainer,
+    trainer: RunTrainer,
     name: str,
     device: torch.device,
     world: tuple[int, int],
@@ -577,7 +584,7 @@ def _last_validation(history: dict[str, list[float]], metric_name: str) -> str:
     )  # metric != metric: NaN
 
 
-def _average(trainer: Trainer, experiment: Experiment, device: torch.device) -> None:
+def _average(trainer: RunTrainer, experiment: Experiment, device: torch.device) -> None:
     """Write the average of the run's snapshots to averaged.pt, and score it."""
     snapshots = trainer.folder.snapshots()
     if len(snapshots) < 2:
@@ -599,7 +606,8 @@ def _check_same_run(
     if "preset" not in run:
         raise ValueError(
             f"{resume} was not written by `python -m aiayn train` (it names no "
-            f"preset); continue it in Python with Trainer.resume, or start a new run."
+            "preset); continue it in Python with RunTrainer.resume, or start a new "
+            "run."
         )
     if name != run["preset"]:
         raise ValueError(

@@ -40,15 +40,18 @@ from tokenizers import (
 from torch import Tensor
 
 from aiayn.decoding import translate
+from aiayn.engine import RunTrainer
+from aiayn.masks import is_int
 from aiayn.model import (
     Transformer,
     TransformerConfig,
+    atomic_file,
     checkpoint_dict,
     write_checkpoint,
 )
 from aiayn.train import (
+    RECIPE_FIELDS,
     TrainConfig,
-    Trainer,
     load_checkpoint_model,
     make_loader,
     pick_device,
@@ -85,6 +88,7 @@ __all__ = [
     "evaluate_bleu",
     "fetch",
     "fetch_checked",
+    "joint_model",
     "load_multi30k",
     "multi30k_dir",
     "normalize",
@@ -95,6 +99,7 @@ __all__ = [
     "recipe_amp",
     "save_pretrained",
     "save_translation_model",
+    "schedule",
     "sha256_file",
     "split_files",
     "train_multi30k",
@@ -151,20 +156,11 @@ def split_files(split: str) -> list[str]:
 
 def fetch(url: str, path: str | os.PathLike, timeout: float = 60.0) -> None:
     """Copy url (https:// or file://) to path, atomically (chapter 16)."""
-    path = Path(path)
-    partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")  # its own
-    try:
-        with (
-            urllib.request.urlopen(url, timeout=timeout) as response,
-            open(partial, "xb") as f,
-        ):
-            shutil.copyfileobj(response, f)
-            f.flush()
-            os.fsync(f.fileno())  # on the disk before the rename
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, path)
+    with (
+        urllib.request.urlopen(url, timeout=timeout) as response,
+        atomic_file(Path(path), unique=True) as f,  # chapter 9's writer
+    ):
+        shutil.copyfileobj(response, f)
 
 
 def download_multi30k(
@@ -440,7 +436,7 @@ class SubwordTokenizer:
             ids = ids.tolist()
         kept = []
         for i in ids:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self):
+            if not is_int(i, 0, len(self)):
                 raise ValueError(
                     f"decode got {i!r}, which is not an id in [0, {self.vocab_size})."
                 )
@@ -470,10 +466,8 @@ class SubwordTokenizer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the tokenizer as tokenizer.json (Hugging Face's format), atomically."""
-        path = Path(path)
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(self.tokenizer.to_str(pretty=True), encoding="utf-8")
-        os.replace(partial, path)
+        with atomic_file(Path(path)) as f:
+            f.write(self.tokenizer.to_str(pretty=True).encode("utf-8"))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SubwordTokenizer:
@@ -513,11 +507,7 @@ def _checked_tokenizer(
 
 def _check_training(texts: Iterable[str], vocab_size: int, n_special: int) -> None:
     """Clear errors for SubwordTokenizer.train's arguments (chapter 16)."""
-    if (
-        isinstance(vocab_size, bool)
-        or not isinstance(vocab_size, int)
-        or vocab_size <= n_special
-    ):
+    if not is_int(vocab_size, n_special + 1):
         raise ValueError(
             f"vocab_size must be an int above {n_special}, got {vocab_size!r}."
         )
@@ -529,66 +519,60 @@ def _check_training(texts: Iterable[str], vocab_size: int, n_special: int) -> No
 MAX_LEN = 256  # positions of the sinusoidal table: the longest sentence (61) plus 50
 
 
+def joint_model(vocab_size: int = 4000, **sizes: Any) -> TransformerConfig:
+    """This chapter's model for a joint vocabulary; sizes override it (chapter 16)."""
+    book = dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3)
+    return TransformerConfig(
+        vocab_size,
+        vocab_size,
+        **{**book, "d_ff": 512, "dropout": 0.0, "norm_first": True, **sizes},
+        max_len=MAX_LEN,
+        share_embeddings=True,
+        tie_output=True,
+    )
+
+
+def schedule(**changes: Any) -> TrainConfig:
+    """This chapter's schedule, with changes (chapter 16)."""
+    book = dict(steps=560, warmup=100, factor=0.32, label_smoothing=0.1)
+    return TrainConfig(**{**book, "clip_norm": 1.0, **changes})
+
+
 @dataclass(frozen=True)
 class Multi30kRecipe:
-    """What decides a Multi30k model: data, vocabulary, sizes, schedule (chapter 16)."""
+    """What decides a Multi30k model: data, vocabulary, model, schedule (chapter 16)."""
 
     direction: str = "de-en"
     vocab_size: int = 4000
-    d_model: int = 256
-    n_heads: int = 4
-    n_encoder_layers: int = 3
-    n_decoder_layers: int = 3
-    d_ff: int = 512
-    dropout: float = 0.0
-    norm_first: bool = True
-    steps: int = 560
-    warmup: int = 100
-    factor: float = 0.32
-    label_smoothing: float = 0.1
-    clip_norm: float | None = 1.0
+    model: TransformerConfig = dataclasses.field(default_factory=joint_model)
+    schedule: TrainConfig = dataclasses.field(default_factory=schedule)
     max_tokens: int = 1024
-    seed: int = 0
 
     def __post_init__(self) -> None:
         """Refuse a recipe that cannot train, as its model or schedule would."""
         _check_recipe(self)
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
-        """The TransformerConfig for a joint vocabulary (chapters 5, 9)."""
-        return TransformerConfig(
-            vocab_size,
-            vocab_size,
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            n_encoder_layers=self.n_encoder_layers,
-            n_decoder_layers=self.n_decoder_layers,
-            d_ff=self.d_ff,
-            dropout=self.dropout,
-            norm_first=self.norm_first,
-            max_len=MAX_LEN,
-            share_embeddings=True,
-            tie_output=True,
-        )
+        """The model for the tokenizer's joint vocabulary (chapters 5, 9)."""
+        sizes = dict(src_vocab_size=vocab_size, tgt_vocab_size=vocab_size)
+        return dataclasses.replace(self.model, **sizes)
 
     def train_config(self, **overrides: Any) -> TrainConfig:
         """The recipe's schedule; overrides set device, precision... (chapter 13)."""
-        schedule = dict(
-            steps=self.steps,
-            warmup=self.warmup,
-            factor=self.factor,
-            label_smoothing=self.label_smoothing,
-            clip_norm=self.clip_norm,
-            seed=self.seed,
-        )
-        return TrainConfig(**{**schedule, **overrides})
+        return dataclasses.replace(self.schedule, **overrides)
 
     def key(self) -> str:
         """16 hex digits of a hash of the recipe and the data: its model's name."""
-        text = json.dumps(
-            {"recipe": dataclasses.asdict(self), "data": MULTI30K_SHA256},
-            sort_keys=True,
+        model = {k: v for k, v in self.model.to_dict().items() if "vocab" not in k}
+        schedule = {k: getattr(self.schedule, k) for k in ("steps", *RECIPE_FIELDS)}
+        recipe = dict(
+            direction=self.direction,
+            vocab_size=self.vocab_size,
+            model=model,
+            schedule=schedule,
+            max_tokens=self.max_tokens,
         )
+        text = json.dumps({"recipe": recipe, "data": MULTI30K_SHA256}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -598,51 +582,45 @@ def _check_recipe(recipe: Multi30kRecipe) -> None:
         raise ValueError(
             f"direction must be one of {DIRECTIONS}, got {recipe.direction!r}."
         )
-    if (
-        isinstance(recipe.max_tokens, bool)
-        or not isinstance(recipe.max_tokens, int)
-        or recipe.max_tokens < 1
-    ):
+    if not is_int(recipe.max_tokens, 1):
         raise ValueError(
             f"max_tokens must be a positive int, got {recipe.max_tokens!r}."
         )
-    recipe.model_config(recipe.vocab_size)  # checks the model's fields (chapter 9)
-    recipe.train_config()  # and the schedule's (chapter 13)
+    if not isinstance(recipe.model, TransformerConfig) or not isinstance(
+        recipe.schedule, TrainConfig
+    ):
+        raise ValueError(
+            "a recipe's model is a TransformerConfig (see joint_model) and its "
+            "schedule a TrainConfig (see schedule)."
+        )
 
 
 BOOK_RECIPE = Multi30kRecipe()  # this chapter's CPU model
 LONG_RECIPE = Multi30kRecipe(  # about 22 passes; the shipped model
     vocab_size=8000,
-    d_ff=1024,
-    dropout=0.1,
-    steps=5000,
-    warmup=800,
-    factor=1.0,
+    model=joint_model(d_ff=1024, dropout=0.1),
+    schedule=schedule(steps=5000, warmup=800, factor=1.0),
     max_tokens=2048,
 )
-GPU_RECIPE = Multi30kRecipe(
+GPU_RECIPE = Multi30kRecipe(  # the base model's sizes (chapter 9)
     vocab_size=10_000,
-    d_model=512,
-    n_heads=8,
-    n_encoder_layers=6,
-    n_decoder_layers=6,
-    d_ff=2048,
-    dropout=0.3,
-    steps=4000,
-    warmup=1000,
-    factor=1.0,
+    model=joint_model(
+        d_model=512,
+        n_heads=8,
+        n_encoder_layers=6,
+        n_decoder_layers=6,
+        d_ff=2048,
+        dropout=0.3,
+    ),
+    schedule=schedule(steps=4000, warmup=1000, factor=1.0),
     max_tokens=12_000,
 )
 TINY_RECIPE = Multi30kRecipe(  # for tests only
     vocab_size=500,
-    d_model=32,
-    n_heads=2,
-    n_encoder_layers=1,
-    n_decoder_layers=1,
-    d_ff=64,
-    steps=20,
-    warmup=10,
-    factor=1.0,
+    model=joint_model(
+        d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64
+    ),
+    schedule=schedule(steps=20, warmup=10, factor=1.0),
     max_tokens=512,
 )
 RECIPES = {
@@ -676,11 +654,7 @@ def prepare_multi30k(
 
 def _check_train_size(train_size: Any) -> None:
     """A clear error for a train_size that is not a positive int (chapter 16)."""
-    if (
-        isinstance(train_size, bool)
-        or not isinstance(train_size, int)
-        or train_size < 1
-    ):
+    if not is_int(train_size, 1):
         raise ValueError(
             f"train_size must be a positive int or None, got {train_size!r}."
         )
@@ -735,7 +709,7 @@ def train_multi30k(
     """
     device = pick_device(str(device))
     tokenizer, train, valid = prepare_multi30k(recipe, root)
-    torch.manual_seed(recipe.seed)  # the initial weights
+    torch.manual_seed(recipe.schedule.seed)  # the initial weights
     model = Transformer(recipe.model_config(tokenizer.vocab_size))
     amp = recipe_amp(device)
     config = recipe.train_config(
@@ -743,11 +717,11 @@ def train_multi30k(
     )
     train_ids = encode_text_pairs(tokenizer, train)
     train_loader = make_loader(
-        train_ids, tokenizer, recipe.max_tokens, seed=recipe.seed
+        train_ids, tokenizer, recipe.max_tokens, seed=recipe.schedule.seed
     )
     valid_ids = encode_text_pairs(tokenizer, valid)
     valid_loader = make_loader(valid_ids, tokenizer, 4096, shuffle=False)
-    trainer = Trainer(model, config, train_loader, valid_loader, tokenizer, log=log)
+    trainer = RunTrainer(model, config, train_loader, valid_loader, tokenizer, log=log)
     history = trainer.fit()
     return model.eval(), tokenizer, history
 

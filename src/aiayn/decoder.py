@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.attention import broadcast_shape
+from aiayn.masks import is_int
 from aiayn.multi_head import KVCache, MultiHeadAttention
 from aiayn.sublayers import PositionwiseFeedForward, Residual
 
@@ -129,7 +130,7 @@ class DecoderLayer(nn.Module):
 
 def _check_layer_sizes(d_ff: int, eps: float) -> None:
     """d_ff must be a positive int and eps positive (chapter 8)."""
-    if isinstance(d_ff, bool) or not isinstance(d_ff, int) or d_ff < 1:
+    if not is_int(d_ff, 1):
         raise ValueError(
             f"d_ff must be a positive int (the paper uses 4 * d_model), got {d_ff!r}."
         )
@@ -364,7 +365,7 @@ class Decoder(nn.Module):
 
 def _check_n_layers(n_layers: int) -> None:
     """A stack has a positive int number of layers (chapter 8)."""
-    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+    if not is_int(n_layers, 1):
         raise ValueError(
             f"n_layers must be a positive int (6 in the paper), got {n_layers!r}."
         )
@@ -423,7 +424,7 @@ class DecoderCache:
     """
 
     def __init__(self, n_layers: int) -> None:
-        if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+        if not is_int(n_layers, 1):
             raise ValueError(f"n_layers must be a positive int, got {n_layers!r}.")
         self.layers = [DecoderLayerCache() for _ in range(n_layers)]
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.batching import pad_sequences
-from aiayn.masks import padding_mask
+from aiayn.masks import is_int, is_number, padding_mask
 from aiayn.model import Transformer, eval_mode, nonfinite_weights
 from aiayn.variants import draw
 
@@ -98,7 +98,7 @@ def _limits(
 
 def _check_int(name: str, value: object, low: int, hint: str) -> None:
     """A ValueError unless value is an int >= low."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if not is_int(value, low):
         raise ValueError(
             f"{name} must be an int of at least {low}, got {value!r}; {hint}"
         )
@@ -280,11 +280,7 @@ def length_penalty(length: int | float | Tensor, alpha: float = 0.6) -> float | 
 
 def _check_alpha(alpha: float) -> None:
     """A ValueError unless alpha is a finite number in [0, MAX_ALPHA] (chapter 15)."""
-    if (
-        isinstance(alpha, bool)
-        or not isinstance(alpha, (int, float))
-        or not 0 <= alpha <= MAX_ALPHA
-    ):
+    if not is_number(alpha) or not 0 <= alpha <= MAX_ALPHA:
         raise ValueError(
             f"alpha must be a finite number from 0 to {MAX_ALPHA:g} (the paper: 0.6; "
             f"0: no penalty), got {alpha!r}."
@@ -535,11 +531,7 @@ def sampling_probs(
 
 def _check_temperature(temperature: float) -> None:
     """A ValueError unless MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE."""
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not temperature > 0
-    ):
+    if not is_number(temperature) or not temperature > 0:
         raise ValueError(
             f"temperature must be a number > 0, got {temperature!r}; for the limit "
             "T -> 0, which always takes the most probable token, use greedy_search."

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from aiayn.masks import is_int
 from aiayn.multi_head import MultiHeadAttention
 from aiayn.sublayers import PositionwiseFeedForward, Residual
 
@@ -83,7 +84,7 @@ class EncoderLayer(nn.Module):
 
 def _check_positive_int(name: str, value: int, hint: str) -> None:
     """Refuse a size that is not a positive int (chapter 7)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value, 1):
         raise ValueError(f"{name} must be an int of at least 1, got {value!r}; {hint}")
 
 

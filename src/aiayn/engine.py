@@ -8,23 +8,423 @@ Chapter 14 of the book, book/14_training_engine.md.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import math
 import os
-from collections.abc import Callable, Iterable
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from aiayn.batching import Batch, TokenBatchSampler
 from aiayn.decoder import DecoderLayer
 from aiayn.encoder import EncoderLayer
+from aiayn.model import read_checkpoint
+from aiayn.optim import rate
+from aiayn.train import (
+    FLUSH_EVERY,
+    RunFolder,
+    Trainer,
+    autocast_dtype,
+    differences,
+    world,
+)
 
 __all__ = [
+    "NONFINITE_PATIENCE",
+    "NonFiniteLoss",
+    "REPEAT_GRACE_S",
+    "RunTrainer",
+    "StopRequest",
+    "TrainingInterrupted",
+    "anyone_stops",
+    "check_finite",
+    "claim_folder",
+    "data_fingerprint",
     "enable_grad_checkpointing",
     "init_distributed",
+    "rng_state",
     "saved_activation_bytes",
+    "set_rng_state",
+    "stop_on_signals",
 ]
+
+
+# Chapter 14, "Resuming exactly"
+class RunTrainer(Trainer):
+    """Chapter 13's Trainer, made for long unattended runs (chapter 14).
+
+    It resumes exactly (random states and a data fingerprint in its checkpoints),
+    locks its folder, stops cleanly at SIGINT or SIGTERM, stops a run whose
+    updates all fail, and compiles the model or wraps it for data parallelism as
+    its TrainConfig and torchrun ask. It takes the Trainer's arguments.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Chapter 13's state, the random states and the data's fingerprint."""
+        rngs = [rng_state(self.device)]
+        if world()[1] > 1:  # every process must call this
+            rngs = [None] * world()[1]
+            dist.all_gather_object(rngs, rng_state(self.device))
+        state = super().state_dict()
+        fingerprint = data_fingerprint(self.batches.loader)
+        state["data"] = {**state["data"], "fingerprint": fingerprint}
+        state["rng"] = [{k: v.cpu() for k, v in r.items()} for r in rngs]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Chapter 13's state, then this process's random state."""
+        super().load_state_dict(state)
+        set_rng_state(state["rng"][world()[0] % len(state["rng"])], self.device)
+
+    def _differences_from(self, saved: dict[str, Any]) -> list[str]:
+        there = saved["training"]["data"].get("fingerprint", {})
+        here = data_fingerprint(self.batches.loader)
+        return super()._differences_from(saved) + differences(
+            there, here, there, "data "
+        )
+
+    # Chapter 14, "When things go wrong"
+    announce: str | None = None  # said once the folder is held, e.g. what will run
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[None]:
+        """Hold the folder and the signals while training; at a signal, save, stop."""
+        with self._claim(), stop_on_signals() as self.stop:
+            if self.announce is not None:
+                self.log.say(self.announce)
+            with super()._session():
+                yield
+                if self.step < self.config.steps:  # a signal stopped the loop
+                    self.stop.saving = True  # from here on, no signal aborts the save
+                    path = self.save_checkpoint() if self.folder else None
+                    raise TrainingInterrupted(
+                        self.stop.signum or signal.SIGTERM, self.step, path, world()[0]
+                    )
+
+    def _claim(self) -> contextlib.AbstractContextManager:
+        if self.folder is None or world()[0] != 0:
+            return contextlib.nullcontext()
+        return claim_folder(
+            self.folder, self.run["id"], self.step, self.config.overwrite
+        )
+
+    def _should_stop(self) -> bool:
+        return anyone_stops(self.stop.signum is not None, self.device, self.step)
+
+    def _after_step(self) -> None:
+        if self._due(self.config.log_every) or self.step % FLUSH_EVERY == 0:
+            self.log.flush()
+            check_finite(self)  # a run whose updates all fail stops here
+        super()._after_step()
+
+    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path | None:
+        """Chapter 13's save_checkpoint, refusing weights that hold NaN or inf."""
+        check_finite(self, weights=True)
+        return super().save_checkpoint(path)
+
+    # Chapter 14, "Compiling"
+    def _module(self) -> nn.Module:
+        """The model, in DDP under torchrun (below), compiled if config.compile."""
+        module = self.model
+        if world()[1] > 1:  # averages the gradients over the processes in backward()
+            cuda = self.device.type == "cuda"
+            module = DistributedDataParallel(
+                module, device_ids=[self.device.index] if cuda else None
+            )
+        return torch.compile(module) if self.config.compile else module
+
+    def _update_batches(self) -> list[Batch]:
+        batches = super()._update_batches()
+        if self.config.compile and self.device.type == "cuda":
+            # compiled code on a GPU guards on whether a length is a multiple of 8:
+            # when all are, one graph serves every batch
+            batches = [batch.padded_to(8) for batch in batches]
+        return batches
+
+
+def rng_state(device: torch.device) -> dict[str, Tensor]:
+    """The states of the generators that dropout draws from (chapter 14).
+
+    The CPU's, and the device's.
+    """
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    elif device.type == "mps":
+        state["mps"] = torch.mps.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Tensor], device: torch.device) -> None:
+    """Restore what rng_state returned (chapter 14)."""
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    elif device.type == "mps" and "mps" in state:
+        torch.mps.set_rng_state(state["mps"])
+
+
+def data_fingerprint(loader: Iterable[Batch]) -> dict[str, Any]:
+    """What decides a make_loader loader's batches (chapter 14).
+
+    A hash of its pairs, and its batching settings.
+    """
+    found: dict[str, Any] = {}
+    pairs = getattr(loader, "dataset", None)
+    if isinstance(pairs, Sequence):
+        digest = hashlib.sha256()
+        for source, target in pairs:
+            digest.update(f"{list(map(int, source))}{list(map(int, target))}".encode())
+        found.update(pairs=len(pairs), pairs_sha256=digest.hexdigest()[:16])
+    sampler = getattr(loader, "batch_sampler", None)
+    if isinstance(sampler, TokenBatchSampler):
+        keys = ("max_tokens", "bucket_size", "shuffle", "seed")
+        found.update({key: getattr(sampler, key) for key in keys})
+    return found
+
+
+# Chapter 14, "When things go wrong"
+@contextlib.contextmanager
+def claim_folder(
+    folder: RunFolder, run_id: str, step: int, overwrite: bool
+) -> Iterator[None]:
+    """Hold the folder's lock while a run trains; refuse another run's (chapter 14)."""
+    with _locked(folder.path):
+        _make_room(folder, run_id, step, overwrite)
+        yield
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        # also proves that the folder can be written
+        handle = open(path / ".lock", "a+")
+    except OSError as err:
+        raise ValueError(
+            f"cannot write checkpoints to {path}: {err.strerror or err}; "
+            "choose a writable checkpoint_dir."
+        ) from None
+    with handle:
+        try:
+            import fcntl  # POSIX; the lock goes with the process, even a killed one
+        except ImportError:
+            fcntl = None
+        try:
+            if fcntl is not None:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise ValueError(
+                f"another process (pid {handle.read().strip() or '?'}) is training "
+                f"into {path}; wait for it to finish, or choose another "
+                "checkpoint_dir."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+
+
+def _make_room(folder: RunFolder, run_id: str, step: int, overwrite: bool) -> None:
+    """A new run needs a folder without another run (or overwrite).
+
+    A resumed one drops its lost future: the snapshots and metrics after its step.
+    Files a killed write left half done (*.partial) go first.
+    """
+    for partial in folder.path.glob("*.partial"):  # no writer but us: we hold the lock
+        partial.unlink()
+    files = [
+        p
+        for p in (folder.last, *folder.snapshots(), folder.averaged, folder.metrics)
+        if p.exists()
+    ]
+    owner = _owner_of(folder.last) if folder.last.exists() else None  # (run id, step)
+    if files and (step == 0 or owner is None or owner[0] != run_id):
+        if not overwrite:
+            what = (
+                f"its last.pt is at step {owner[1]}"
+                if owner
+                else f"{len(files)} checkpoint file(s)"
+            )
+            raise ValueError(
+                f"{folder.path} holds another run ({what}). Continue it with "
+                f"--resume {folder.last} (RunTrainer.resume in Python), start over "
+                "with --overwrite (deletes its checkpoints), or choose another "
+                "checkpoint_dir."
+            )
+        for path in files:
+            path.unlink()
+        return
+    if owner is not None and owner[1] > step and not overwrite:
+        later = [p.name for p in folder.snapshots() if int(p.stem.split("_")[1]) > step]
+        raise ValueError(
+            f"{folder.path} holds this run up to step {owner[1]}, later than step "
+            f"{step} that the resume starts from; it would lose last.pt and "
+            f"{len(later)} snapshot(s) ({', '.join(later) or 'none'}). Resume from "
+            f"{folder.last}, or pass --overwrite (overwrite=True) to go back."
+        )
+    for path in folder.snapshots():  # taken after the step we resume from
+        if int(path.stem.split("_")[1]) > step:
+            path.unlink()
+    if folder.metrics.exists():
+        rows = folder.metrics.read_text(encoding="utf-8").splitlines(keepends=True)
+        folder.metrics.write_text(
+            "".join(r for r in rows if json.loads(r)["step"] <= step),
+            encoding="utf-8",
+        )
+
+
+def _owner_of(path: Path) -> tuple[str, int] | None:
+    """(run id, step) of a training checkpoint, or None if it has none."""
+    try:
+        training = read_checkpoint(path).get("training") or {}
+    except (ValueError, OSError):
+        return None
+    return (training["run_id"], training["step"]) if "run_id" in training else None
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """fit() stopped at a signal, after saving its last complete update (chapter 14)."""
+
+    def __init__(
+        self, signum: int, step: int, path: Path | None, rank: int = 0
+    ) -> None:
+        self.signum, self.step, self.path, self.rank = signum, step, path, rank
+        saved = (
+            f"; saved to {path}"
+            if path is not None
+            else "; rank 0 saved the checkpoint"
+            if rank
+            else "; no checkpoint_dir, nothing saved"
+        )
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} after step {step}{saved}"
+        )
+
+
+REPEAT_GRACE_S = 2.0  # a repeat of a signal this soon is the same request
+
+
+@dataclass
+class StopRequest:
+    """What stop_on_signals notes: the first signal received, or None (chapter 14).
+
+    at is when it came (time.monotonic()); saving is set while the checkpoint
+    is written.
+    """
+
+    signum: int | None = None
+    at: float = 0.0
+    saving: bool = False
+
+
+@contextlib.contextmanager
+def stop_on_signals(
+    signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+    grace: float = REPEAT_GRACE_S,
+) -> Iterator[StopRequest]:
+    """Inside, a first SIGINT or SIGTERM asks to stop, a second stops (chapter 14)."""
+    request = StopRequest()
+    # only the main thread may handle signals
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if request.signum is None:
+            request.signum, request.at = signum, now
+        elif not request.saving and now - request.at > grace:
+            raise KeyboardInterrupt  # asked again: do not wait for the update to end
+
+    previous = {s: signal.signal(s, note) for s in signums}
+    try:
+        yield request
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def anyone_stops(stop: bool, device: torch.device, step: int) -> bool:
+    """Whether any process was asked to stop (chapter 14).
+
+    Under DDP all must stop after the same update; the processes compare their
+    flags every FLUSH_EVERY updates, since reading the result makes the CPU wait
+    for the device.
+    """
+    if world()[1] == 1:
+        return stop
+    if step % FLUSH_EVERY:
+        return False
+    flag = torch.tensor([float(stop)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+NONFINITE_PATIENCE = 5  # skipped updates in a row before fit() gives up
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss stayed NaN or infinite, or the weights hold NaN or inf (chapter 14)."""
+
+
+def check_finite(trainer: Trainer, weights: bool = False) -> None:
+    """Stop a run whose updates all fail, or whose weights hold NaN or inf (chapter 14).
+
+    A run fails when its last NONFINITE_PATIENCE updates were all skipped.
+    """
+    h, n, c = trainer.history, NONFINITE_PATIENCE, trainer.config
+    # float16's scaler skips overflows on purpose
+    fp16 = autocast_dtype(c.amp, trainer.device) == torch.float16
+    bad = [
+        not math.isfinite(loss) or not (fp16 or math.isfinite(norm))
+        for loss, norm in zip(h["loss"][-n:], h["grad_norm"][-n:])
+    ]
+    broken = weights and not all(
+        bool(torch.isfinite(p).all()) for p in trainer.model.parameters()
+    )
+    if not broken and (len(bad) < n or not all(bad)):
+        return
+    raise NonFiniteLoss(_nonfinite_message(trainer, broken, fp16))
+
+
+def _nonfinite_message(trainer: Trainer, broken: bool, fp16: bool) -> str:
+    c, n = trainer.config, NONFINITE_PATIENCE
+    peak = rate(c.warmup, trainer.model.config.d_model, c.warmup, c.factor)
+    folder = trainer.folder
+    kept = (
+        f" {folder.last} keeps the last good checkpoint."
+        if folder and folder.last.exists()
+        else ""
+    )
+    what = (
+        "its weights hold NaN or inf"
+        if broken
+        else f"the loss or gradient norm was NaN or inf in the last {n} updates, "
+        "each one skipped"
+    )
+    fp16_note = (
+        ", or float16's narrow range (amp='fp16'; 'bf16' avoids it)" if fp16 else ""
+    )
+    return (
+        f"training stopped at step {trainer.step}: {what}. Likely causes: a learning "
+        f"rate too high (factor={c.factor}, warmup={c.warmup}: a peak rate of "
+        f"{peak:.2g}), exploding gradients (clip_norm={c.clip_norm}){fp16_note}.{kept}"
+    )
 
 
 # Chapter 14, "Activation checkpointing"

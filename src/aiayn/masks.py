@@ -14,6 +14,8 @@ from torch import Tensor
 __all__ = [
     "causal_mask",
     "combine_masks",
+    "is_int",
+    "is_number",
     "padding_mask",
     "target_mask",
 ]
@@ -37,9 +39,21 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
     ).tril()  # [size, size]
 
 
+def is_int(value: object, low: int | None = None, high: int | None = None) -> bool:
+    """Whether value is an int in [low, high), where given; no bool is (chapter 2)."""
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        return False
+    return (low is None or value >= low) and (high is None or value < high)
+
+
+def is_number(value: object) -> bool:
+    """Whether value is an int or a float, and not a bool (chapter 2)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check_size(size: int) -> None:
     """A mask's length must be an int of at least 1 (chapter 2)."""
-    if isinstance(size, bool) or not isinstance(size, (int, torch.SymInt)) or size < 1:
+    if not is_int(size, 1):
         raise ValueError(
             f"causal_mask needs the sequence length as an int of at least 1, got "
             f"{size!r}; for token ids [batch, seq_len] pass tokens.size(-1)."
@@ -82,7 +96,7 @@ def _check_tokens(tokens: Tensor, pad_id: int) -> None:
         raise ValueError(
             "tokens has no positions (seq_len 0); every sequence needs a token."
         )
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+    if not is_int(pad_id):
         raise ValueError(f"pad_id must be an int token id, got {pad_id!r}.")
 
 

@@ -16,10 +16,12 @@ import os
 import pickle
 import re
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import Tensor, nn
@@ -27,16 +29,18 @@ from torch import Tensor, nn
 from aiayn.decoder import Decoder, DecoderCache
 from aiayn.embedding import PredictionHead, TokenEmbedding, tie_weights
 from aiayn.encoder import Encoder
-from aiayn.masks import causal_mask, padding_mask, target_mask
+from aiayn.masks import causal_mask, is_int, is_number, padding_mask, target_mask
 from aiayn.multi_head import MultiHeadAttention
 from aiayn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from aiayn.sublayers import ACTIVATIONS, PositionwiseFeedForward
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "MODEL_PRESETS",
     "POSITIONAL_ENCODINGS",
     "Transformer",
     "TransformerConfig",
+    "atomic_file",
     "checkpoint_dict",
     "content_hash",
     "eval_mode",
@@ -44,6 +48,7 @@ __all__ = [
     "load_state_dict_checked",
     "nonfinite_weights",
     "read_checkpoint",
+    "show_error",
     "write_checkpoint",
 ]
 
@@ -97,93 +102,44 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot make a model, saying how to fix them."""
-        self._check_sizes()
-        self._check_choices()
-        self._check_ids()
+        _check_sizes(self)
+        _check_choices(self)
+        _check_ids(self)
 
     @classmethod
-    def _preset(
-        cls, vocab_size: int, sizes: dict[str, Any], overrides: dict[str, Any]
-    ) -> TransformerConfig:
-        """One vocabulary for both sides, the preset's sizes, then the overrides."""
+    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> TransformerConfig:
+        """A preset's sizes for one vocabulary on both sides, then overrides (ch. 9)."""
+        d_model, n_heads, n_layers, d_ff, dropout = MODEL_PRESETS[name]
         fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - fields)
-        if unknown:
+        if set(overrides) - fields:
             raise ValueError(
-                f"unknown config field(s) {unknown}; the fields are {sorted(fields)}."
+                f"unknown config field(s) {sorted(set(overrides) - fields)}; the "
+                f"fields are {sorted(fields)}."
             )
-        return cls(
-            **{
-                "src_vocab_size": vocab_size,
-                "tgt_vocab_size": vocab_size,
-                **sizes,
-                **overrides,
-            }
-        )
+        sizes = dict(d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout)
+        stacks = dict(n_encoder_layers=n_layers, n_decoder_layers=n_layers)
+        vocab = dict(src_vocab_size=vocab_size, tgt_vocab_size=vocab_size)
+        return cls(**{**vocab, **sizes, **stacks, **overrides})
 
     @classmethod
     def base(cls, vocab_size: int = 37000, **overrides: Any) -> TransformerConfig:
-        """The paper's base model (Table 3).
-
-        d_model 512, 8 heads, 6 + 6 layers, d_ff 2048, dropout 0.1.
-        """
-        sizes = dict(
-            d_model=512,
-            n_heads=8,
-            n_encoder_layers=6,
-            n_decoder_layers=6,
-            d_ff=2048,
-            dropout=0.1,
-        )
-        return cls._preset(vocab_size, sizes, overrides)
+        """The paper's base model (Table 3)."""
+        return cls.preset("base", vocab_size, **overrides)
 
     @classmethod
     def big(cls, vocab_size: int = 37000, **overrides: Any) -> TransformerConfig:
-        """The paper's big model (Table 3).
-
-        d_model 1024, 16 heads, 6 + 6 layers, d_ff 4096, dropout 0.3.
-        """
-        sizes = dict(
-            d_model=1024,
-            n_heads=16,
-            n_encoder_layers=6,
-            n_decoder_layers=6,
-            d_ff=4096,
-            dropout=0.3,
-        )
-        return cls._preset(vocab_size, sizes, overrides)
+        """The paper's big model (Table 3)."""
+        return cls.preset("big", vocab_size, **overrides)
 
     @classmethod
     def small(cls, vocab_size: int, **overrides: Any) -> TransformerConfig:
-        """A small model for Multi30k on one GPU (chapter 9).
-
-        d_model 256, 4 heads, 3 + 3 layers, d_ff 1024, dropout 0.1.
-        """
-        sizes = dict(
-            d_model=256,
-            n_heads=4,
-            n_encoder_layers=3,
-            n_decoder_layers=3,
-            d_ff=1024,
-            dropout=0.1,
-        )
-        return cls._preset(vocab_size, sizes, overrides)
+        """A small model for Multi30k on one GPU (chapter 9)."""
+        return cls.preset("small", vocab_size, **overrides)
 
     @classmethod
     def tiny(cls, vocab_size: int, **overrides: Any) -> TransformerConfig:
-        """A tiny model for synthetic tasks on a CPU (chapter 9).
-
-        d_model 64, 4 heads, 2 + 2 layers, d_ff 128, no dropout.
-        """
-        sizes = dict(
-            d_model=64,
-            n_heads=4,
-            n_encoder_layers=2,
-            n_decoder_layers=2,
-            d_ff=128,
-            dropout=0.0,
-        )
-        return cls._preset(vocab_size, sizes, overrides)
+        """A tiny model for synthetic tasks on a CPU (chapter 9)."""
+        return cls.preset("tiny", vocab_size, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain values, which torch.load(weights_only=True) reads."""
@@ -211,106 +167,111 @@ class TransformerConfig:
             )
         return cls(**data)
 
-    def _check_sizes(self) -> None:
-        """Positive int sizes; d_model divisible by n_heads, and even for sinusoids."""
-        for name in (
-            "src_vocab_size",
-            "tgt_vocab_size",
-            "d_model",
-            "n_heads",
-            "n_encoder_layers",
-            "n_decoder_layers",
-            "d_ff",
-            "max_len",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int of at least 1, got {value!r}.")
-        if self.d_model % self.n_heads != 0:
-            divisors = [h for h in range(1, 33) if self.d_model % h == 0]
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
-                "each head gets d_k = d_model / n_heads dimensions. "
-                f"Pick n_heads from {divisors} or change d_model."
-            )
-        if self.positional not in POSITIONAL_ENCODINGS:
-            raise ValueError(
-                f"positional must be one of {POSITIONAL_ENCODINGS}, "
-                f"got {self.positional!r}."
-            )
-        if self.positional == "sinusoidal" and self.d_model % 2 != 0:
-            raise ValueError(
-                "the sinusoidal encoding needs an even d_model (a sine and a cosine "
-                f"per frequency), got {self.d_model}; use an even d_model or "
-                "positional='learned'."
-            )
 
-    def _check_choices(self) -> None:
-        """Dropout in [0, 1), a known activation, booleans, a positive epsilon."""
-        if (
-            isinstance(self.dropout, bool)
-            or not isinstance(self.dropout, (int, float))
-            or not 0.0 <= self.dropout < 1.0
-        ):
-            raise ValueError(
-                f"dropout must be a number in [0, 1), got {self.dropout!r}."
-            )
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(ACTIVATIONS)}, "
-                f"got {self.activation!r}."
-            )
-        for name in ("norm_first", "share_embeddings", "tie_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"{name} must be True or False, got {getattr(self, name)!r}."
-                )
-        if self.final_norm is not None and not isinstance(self.final_norm, bool):
-            raise ValueError(
-                f"final_norm must be None, True or False, got {self.final_norm!r}."
-            )
-        if (
-            isinstance(self.eps, bool)
-            or not isinstance(self.eps, (int, float))
-            or not self.eps > 0
-        ):
-            raise ValueError(f"eps must be a positive number, got {self.eps!r}.")
+MODEL_PRESETS = {  # (d_model, n_heads, layers of each stack, d_ff, dropout)
+    "base": (512, 8, 6, 2048, 0.1),  # the paper's, Table 3
+    "big": (1024, 16, 6, 4096, 0.3),
+    "small": (256, 4, 3, 1024, 0.1),  # this book's: Multi30k on one GPU
+    "tiny": (64, 4, 2, 128, 0.0),  # and the synthetic tasks on a CPU
+}
 
-    def _check_ids(self) -> None:
-        """One vocabulary when shared; special ids in range; padding its own id."""
-        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+
+def _check_sizes(c: TransformerConfig) -> None:
+    """Positive int sizes; d_model divisible by n_heads, and even for sinusoids."""
+    for name in (
+        "src_vocab_size",
+        "tgt_vocab_size",
+        "d_model",
+        "n_heads",
+        "n_encoder_layers",
+        "n_decoder_layers",
+        "d_ff",
+        "max_len",
+    ):
+        value = getattr(c, name)
+        if not is_int(value, 1):
+            raise ValueError(f"{name} must be an int of at least 1, got {value!r}.")
+    if c.d_model % c.n_heads != 0:
+        divisors = [h for h in range(1, 33) if c.d_model % h == 0]
+        raise ValueError(
+            f"d_model={c.d_model} is not divisible by n_heads={c.n_heads}: "
+            "each head gets d_k = d_model / n_heads dimensions. "
+            f"Pick n_heads from {divisors} or change d_model."
+        )
+    if c.positional not in POSITIONAL_ENCODINGS:
+        raise ValueError(
+            f"positional must be one of {POSITIONAL_ENCODINGS}, got {c.positional!r}."
+        )
+    if c.positional == "sinusoidal" and c.d_model % 2 != 0:
+        raise ValueError(
+            "the sinusoidal encoding needs an even d_model (a sine and a cosine "
+            f"per frequency), got {c.d_model}; use an even d_model or "
+            "positional='learned'."
+        )
+
+
+def _check_choices(c: TransformerConfig) -> None:
+    """Dropout in [0, 1), a known activation, booleans, a positive epsilon."""
+    if not is_number(c.dropout) or not 0.0 <= c.dropout < 1.0:
+        raise ValueError(f"dropout must be a number in [0, 1), got {c.dropout!r}.")
+    if c.activation not in ACTIVATIONS:
+        raise ValueError(
+            f"activation must be one of {sorted(ACTIVATIONS)}, got {c.activation!r}."
+        )
+    for name in ("norm_first", "share_embeddings", "tie_output"):
+        if not isinstance(getattr(c, name), bool):
+            raise ValueError(f"{name} must be True or False, got {getattr(c, name)!r}.")
+    if c.final_norm is not None and not isinstance(c.final_norm, bool):
+        raise ValueError(
+            f"final_norm must be None, True or False, got {c.final_norm!r}."
+        )
+    if not is_number(c.eps) or not c.eps > 0:
+        raise ValueError(f"eps must be a positive number, got {c.eps!r}.")
+
+
+def _check_ids(c: TransformerConfig) -> None:
+    """One vocabulary when shared; special ids in range; padding its own id."""
+    if c.share_embeddings and c.src_vocab_size != c.tgt_vocab_size:
+        raise ValueError(
+            "share_embeddings=True uses one matrix for both embeddings, which "
+            f"needs one vocabulary, but src_vocab_size={c.src_vocab_size} and "
+            f"tgt_vocab_size={c.tgt_vocab_size}; build a joint vocabulary "
+            "(the paper's shared byte-pair vocabulary) or set "
+            "share_embeddings=False."
+        )
+    smallest = min(c.src_vocab_size, c.tgt_vocab_size)
+    for name, limit in (
+        ("pad_id", smallest),
+        ("bos_id", c.tgt_vocab_size),
+        ("eos_id", c.tgt_vocab_size),
+    ):
+        value = getattr(c, name)
+        if not is_int(value, 0, limit):
+            where = "both vocabularies" if name == "pad_id" else "the target vocabulary"
             raise ValueError(
-                "share_embeddings=True uses one matrix for both embeddings, which "
-                f"needs one vocabulary, but src_vocab_size={self.src_vocab_size} and "
-                f"tgt_vocab_size={self.tgt_vocab_size}; build a joint vocabulary "
-                "(the paper's shared byte-pair vocabulary) or set "
-                "share_embeddings=False."
+                f"{name} must be a token id of {where}, in [0, {limit}), got {value!r}."
             )
-        smallest = min(self.src_vocab_size, self.tgt_vocab_size)
-        for name, limit in (
-            ("pad_id", smallest),
-            ("bos_id", self.tgt_vocab_size),
-            ("eos_id", self.tgt_vocab_size),
-        ):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or not 0 <= value < limit
-            ):
-                where = (
-                    "both vocabularies" if name == "pad_id" else "the target vocabulary"
-                )
-                raise ValueError(
-                    f"{name} must be a token id of {where}, "
-                    f"in [0, {limit}), got {value!r}."
-                )
-        if self.pad_id in (self.bos_id, self.eos_id):
-            raise ValueError(
-                f"pad_id={self.pad_id} equals bos_id={self.bos_id} or "
-                f"eos_id={self.eos_id}: the padding mask would hide every start or "
-                "end token. Give padding its own id."
-            )
+    if c.pad_id in (c.bos_id, c.eos_id):
+        raise ValueError(
+            f"pad_id={c.pad_id} equals bos_id={c.bos_id} or "
+            f"eos_id={c.eos_id}: the padding mask would hide every start or "
+            "end token. Give padding its own id."
+        )
+
+
+def show_error(name: str, call: Callable[[], Any], hide: str | None = None) -> None:
+    """Run call(), which must raise a ValueError, and print its message (chapter 9).
+
+    The text hide (a temporary folder) is printed as <tmp>.
+    """
+    try:
+        call()
+    except ValueError as err:
+        message = str(err) if hide is None else str(err).replace(hide, "<tmp>")
+        print(f"{name}:")
+        print(textwrap.fill(message, 88, initial_indent="  ", subsequent_indent="  "))
+    else:
+        raise AssertionError(f"{name} was accepted")
 
 
 # Chapter 9, "The model"
@@ -743,6 +704,34 @@ def _listed(names: Sequence[str], most: int = 5) -> str:
     return ", ".join(names[:most]) + more
 
 
+@contextlib.contextmanager
+def atomic_file(path: Path, unique: bool = False) -> Iterator[BinaryIO]:
+    """A file that replaces path only once written whole (chapter 9).
+
+    Inside, write to the file; on an error its partial copy goes, and path keeps
+    what it held. unique gives the partial copy a name of its own, for writers
+    that may race for one path.
+    """
+    tag = f".{uuid.uuid4().hex}" if unique else ""
+    partial = path.with_name(f"{path.name}{tag}.partial")
+    try:
+        with open(partial, "xb" if unique else "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())  # on the disk before the rename, not only in a cache
+        os.replace(partial, path)  # atomic: the old file or the new one
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        raise
+    with contextlib.suppress(OSError):  # the rename durable too, where possible
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+
 def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Save checkpoint and its content_hash: path.partial, fsync, rename (chapter 9)."""
     if (
@@ -762,30 +751,17 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> 
         )
     body = {k: v for k, v in checkpoint.items() if k != "sha256"}
     content = {**body, "sha256": content_hash(body)}
-    partial = path.with_name(path.name + ".partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(partial, "wb") as f:
+        with atomic_file(path) as f:
             torch.save(content, f)
-            f.flush()
-            os.fsync(f.fileno())  # on the disk before the rename, not only in a cache
-        os.replace(partial, path)  # atomic: the old file or the new one
     except BaseException as err:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
         zip_writer = isinstance(err, RuntimeError) and any(
             s in str(err) for s in ("PytorchStreamWriter", "inline_container")
         )
         if isinstance(err, OSError) or zip_writer:  # a full disk, a missing permission
             raise OSError(_write_failure(path, err)) from err
         raise
-    # the rename durable too, where a folder can be opened
-    with contextlib.suppress(OSError):
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
     return path
 
 

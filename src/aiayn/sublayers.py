@@ -13,6 +13,8 @@ from typing import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.masks import is_int
+
 __all__ = [
     "ACTIVATIONS",
     "PositionwiseFeedForward",
@@ -66,7 +68,7 @@ class PositionwiseFeedForward(nn.Module):
 def _check_ffn_args(d_model: int, d_ff: int, dropout: float, activation: str) -> None:
     """The sizes, the dropout rate and the activation of a FFN (chapter 6)."""
     for name, size in (("d_model", d_model), ("d_ff", d_ff)):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        if not is_int(size, 1):
             raise ValueError(
                 f"{name} must be a positive int, got {size!r}; the base model has "
                 f"d_model=512 and d_ff=2048."
@@ -145,7 +147,7 @@ class Residual(nn.Module):
 
 def _check_residual_args(d_model: int, dropout: float, eps: float) -> None:
     """A positive width, a dropout rate in [0, 1) and a positive eps (chapter 6)."""
-    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+    if not is_int(d_model, 1):
         raise ValueError(f"d_model must be a positive int, got {d_model!r}.")
     _check_dropout(dropout)
     if not eps > 0:

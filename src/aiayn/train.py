@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
-import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,7 +23,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -39,6 +35,7 @@ from aiayn.batching import (
     tokenizer_from_dict,
 )
 from aiayn.embedding import check_token_ids
+from aiayn.masks import is_int, is_number
 from aiayn.model import (
     Transformer,
     TransformerConfig,
@@ -48,51 +45,45 @@ from aiayn.model import (
     read_checkpoint,
     write_checkpoint,
 )
-from aiayn.optim import LabelSmoothingLoss, make_optimizer, make_scheduler, rate
+from aiayn.optim import LabelSmoothingLoss, make_optimizer, make_scheduler
 
 __all__ = [
     "AMP_MODES",
     "Batches",
     "FLUSH_EVERY",
     "FixedScaler",
-    "NONFINITE_PATIENCE",
-    "NonFiniteLoss",
     "Pairs",
     "RECIPE_FIELDS",
-    "REPEAT_GRACE_S",
     "RunFolder",
-    "StopRequest",
     "TASKS",
     "TRAINING_VERSION",
     "TrainConfig",
     "Trainer",
-    "TrainingInterrupted",
     "TrainingLog",
-    "anyone_stops",
     "autocast",
     "autocast_dtype",
     "average_checkpoints",
-    "check_finite",
-    "check_resumable",
+    "check_same_run",
     "check_train_config",
     "check_training_version",
     "clip_gradients",
     "count_tokens",
-    "data_fingerprint",
+    "differences",
     "encode_pairs",
+    "evaluate",
     "exact_match",
     "gradient_sync",
     "greedy_decode",
     "load_checkpoint_model",
+    "load_scaler",
     "make_loader",
     "make_scaler",
     "model_from_checkpoint",
     "pick_device",
-    "rng_state",
+    "recipe_differences",
+    "recipe_parts",
     "saved_train_config",
-    "set_rng_state",
     "setting",
-    "stop_on_signals",
     "synthetic_pairs",
     "synthetic_tokenizer",
     "to_device",
@@ -196,9 +187,9 @@ def _check_task(task: str, n: int, n_symbols: int, min_len: int, max_len: int) -
         ("n_symbols", n_symbols, 1),
         ("min_len", min_len, 1),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not is_int(value, low):
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}.")
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < min_len:
+    if not is_int(max_len, min_len):
         raise ValueError(
             f"max_len must be an int >= min_len={min_len}, got {max_len!r}."
         )
@@ -243,7 +234,7 @@ def _check_greedy_decode(model: Any, max_len: Any) -> None:
         raise ValueError(
             f"greedy_decode takes a Transformer, got {type(model).__name__}."
         )
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+    if not is_int(max_len, 1):
         raise ValueError(
             f"max_len must be an int >= 1 (the most tokens to write), got {max_len!r}."
         )
@@ -457,13 +448,9 @@ def check_train_config(c: TrainConfig) -> None:
         ("seed", 0),
     ):
         value = getattr(c, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not is_int(value, low):
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}.")
-    if (
-        isinstance(c.factor, bool)
-        or not isinstance(c.factor, (int, float))
-        or not 0 < c.factor < math.inf
-    ):
+    if not is_number(c.factor) or not 0 < c.factor < math.inf:
         raise ValueError(f"factor must be a positive number, got {c.factor!r}.")
     if (
         not isinstance(c.label_smoothing, (int, float))
@@ -631,6 +618,7 @@ class TrainingLog:
         """Append rows to metrics.jsonl, and to TensorBoard if it is installed."""
         if self.folder is None:
             return
+        self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.folder / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
         if self._board is None:
@@ -676,19 +664,8 @@ class TrainingLog:
 class Trainer:
     """The training loop: accumulate, clip, step; log, validate, save (chapter 13).
 
-    Args:
-        model: the Transformer to train (moved to the configured device).
-        config: a TrainConfig.
-        train_loader: an iterable of Batch, read again for each epoch; for an exact
-            resume its order must depend only on the epoch, as make_loader's does.
-        valid_loader: Batches for the validation loss, or None.
-        tokenizer: stored in the checkpoints, or None.
-        metric: metric(model) -> float at each validation (e.g. exact match), or
-            None; metric_name names it in the log.
-        log: where log lines go (print by default, None for none); under DDP rank 0
-            logs.
-        run_info: plain values kept with the run's checkpoints (chapter 14 keeps the
-            command line's preset there).
+    train_loader yields Batch epoch after epoch, in an order set by the epoch;
+    metric(model) -> float, named metric_name, is validated with valid_loader's loss.
     """
 
     def __init__(
@@ -704,60 +681,44 @@ class Trainer:
         run_info: dict[str, Any] | None = None,
     ) -> None:
         _check_trainer_inputs(model, config, run_info)
-        rank, world_size = world()
-        self.config = config
-        self.device = pick_device(config.device)
+        self.config, self.device = config, pick_device(config.device)
         self.model = model.to(self.device)
-        self.module = _training_module(
-            self.model, self.device, world_size > 1, config.compile
+        self.module = self._module()  # what the loop calls
+        self.optimizer, self.scheduler, self.scaler, self.criterion = recipe_parts(
+            self.model, config, self.device
         )
-        self.optimizer = make_optimizer(
-            self.model, fused=True if self.device.type == "cuda" else None
-        )
-        self.scheduler = make_scheduler(
-            self.optimizer, model.config.d_model, config.warmup, config.factor
-        )
-        self.scaler = make_scaler(config.amp, self.device)
         self.batches = Batches(train_loader)
         self.valid_loader, self.tokenizer = valid_loader, tokenizer
         self.metric = None if metric is None else (metric_name, metric)
-        self._open_log(log, rank, run_info)
+        self._open_log(log, run_info)
         self.step = 0  # optimizer updates done
-        torch.manual_seed(
-            config.seed + rank
-        )  # dropout; the weights came with the model
 
-    def _open_log(
-        self, log: Callable[[str], Any] | None, rank: int, run_info: dict | None
-    ) -> None:
-        folder = self.config.checkpoint_dir
+    def _open_log(self, log: Callable | None, run_info: dict | None) -> None:
+        folder, rank0 = self.config.checkpoint_dir, world()[0] == 0
         self.folder = None if folder is None else RunFolder(folder)
-        self.log = TrainingLog(
-            log if rank == 0 else None,
-            self.folder.path if self.folder is not None and rank == 0 else None,
-        )
-        # who writes into the folder
-        self.run = {"id": uuid.uuid4().hex[:12], **(run_info or {})}
+        keep = self.folder.path if self.folder is not None and rank0 else None
+        self.log = TrainingLog(log if rank0 else None, keep)
+        self.run = {"id": uuid.uuid4().hex[:12], **(run_info or {})}  # the writer
 
     @property
     def history(self) -> dict[str, list[float]]:
-        """The training history, as lists.
+        """Per update step, loss, lr, grad_norm; per validation loss and metric."""
+        return self.log.flush() or self.log.history
 
-        Step, loss, rate and grad norm per update; loss and metric per validation.
-        """
-        self.log.flush()
-        return self.log.history
+    def _module(self) -> nn.Module:
+        """What the loop calls: the model itself, in a single process."""
+        if world()[1] > 1:
+            raise ValueError("under torchrun, train with aiayn.engine.RunTrainer.")
+        return self.model
+
+    def _update_batches(self) -> list[Batch]:
+        """The accum_steps batches of the next update, on the device."""
+        batches = [next(self.batches) for _ in range(self.config.accum_steps)]
+        return [to_device(b, self.device, self.model.config) for b in batches]
 
     def train_step(self) -> None:
         """One update from accum_steps batches: loss per target token (chapter 13)."""
-        batches = [
-            to_device(next(self.batches), self.device, self.model.config)
-            for _ in range(self.config.accum_steps)
-        ]
-        if self.config.compile and self.device.type == "cuda":
-            # compiled code on a GPU guards on whether a length is a multiple of 8:
-            # when all are, one graph serves every batch (chapter 14)
-            batches = [batch.padded_to(8) for batch in batches]
+        batches = self._update_batches()
         # [target, source] tokens, all processes
         counts = count_tokens(batches, self.model.config.pad_id)
         n_target = counts[0].clamp(min=1).float()
@@ -783,98 +744,51 @@ class Trainer:
         mean_loss = _sum_over_processes(loss_sum) / n_target
         self.log.record(self.step, mean_loss, lr, grad_norm, counts.sum())
 
-    @property
-    def criterion(self) -> LabelSmoothingLoss:
-        """The label-smoothed loss of chapter 12, summed over the real target tokens."""
-        return LabelSmoothingLoss(
-            self.config.label_smoothing,
-            ignore_index=self.model.config.pad_id,
-            reduction="sum",
-        )
-
     def fit(self) -> dict[str, list[float]]:
-        """Train until config.steps updates; log, validate, checkpoint (chapter 13).
-
-        Returns the history. A first Ctrl-C (SIGINT) or SIGTERM lets the update
-        finish, saves a checkpoint and raises TrainingInterrupted; a second one,
-        later than REPEAT_GRACE_S and before the save, stops at once.
-        """
-        c = self.config
+        """Train until config.steps updates; return the history (chapter 13)."""
+        if self.step == 0:  # a new run; a resumed one has its random state
+            torch.manual_seed(self.config.seed + world()[0])
         self.model.train()
-        with (
-            self._claim_folder(),
-            stop_on_signals() as stop,
-            self.log.progress(c.steps, self.step, c.progress),
-        ):
-            while self.step < c.steps and not anyone_stops(
-                stop.signum is not None, self.device, self.step
-            ):
+        with self._session():
+            while self.step < self.config.steps and not self._should_stop():
                 self.train_step()
                 self._after_step()
-            if self.step < c.steps:
-                stop.saving = True  # from here on, no signal aborts the save
-                path = self.save_checkpoint() if self.folder is not None else None
-                raise TrainingInterrupted(
-                    stop.signum or signal.SIGTERM, self.step, path, world()[0]
-                )
         return self.history
+
+    def _session(self) -> contextlib.AbstractContextManager:
+        """What fit() holds while it trains: a progress bar."""
+        return self.log.progress(self.config.steps, self.step, self.config.progress)
+
+    def _should_stop(self) -> bool:
+        """Whether to stop before config.steps: never, in the plain loop."""
+        return False
 
     def _after_step(self) -> None:
         """Log, validate and checkpoint when due; the last step does all three."""
-        c, final = self.config, self.step == self.config.steps
-
-        def due(every: int) -> bool:
-            return final or (every > 0 and self.step % every == 0)
-
-        if due(c.log_every) or self.step % FLUSH_EVERY == 0:
+        c = self.config
+        if self._due(c.log_every) or self.step % FLUSH_EVERY == 0:
             self.log.flush()
-            check_finite(self)
-        if due(c.log_every):
+        if self._due(c.log_every):
             self.log.line(self.step)
-        if due(c.eval_every):
+        if self._due(c.eval_every):
             self.validate()
-        if self.folder is not None and due(c.checkpoint_every):
+        if self.folder is not None and self._due(c.checkpoint_every):
             self.save_checkpoint()
             periodic = c.checkpoint_every and self.step % c.checkpoint_every == 0
             if c.keep_checkpoints and periodic:
                 snapshot = checkpoint_dict(self.model, self.tokenizer)
                 self.folder.snapshot(snapshot, self.step, c.keep_checkpoints)
 
-    def _claim_folder(self) -> contextlib.AbstractContextManager:
-        if self.folder is None or world()[0] != 0:
-            return contextlib.nullcontext()
-        return self.folder.claim(self.run["id"], self.step, self.config.overwrite)
-
-    @torch.no_grad()
-    def evaluate(self, loader: Iterable[Batch] | None = None) -> float:
-        """Mean loss per target token over loader, as in training (chapter 13).
-
-        The loss is label-smoothed; loader is by default the validation batches.
-        """
-        loader = self.valid_loader if loader is None else loader
-        if loader is None:
-            raise ValueError(
-                "evaluate needs batches: pass a loader, or give the Trainer a "
-                "valid_loader."
-            )
-        # [loss sum, target tokens]
-        total = torch.zeros(2, dtype=torch.float64, device=self.device)
-        with eval_mode(self.model), _forked_rng(self.device):
-            for batch in loader:
-                batch = to_device(batch, self.device, self.model.config)
-                with autocast(self.config.amp, self.device):
-                    logits = self.model(batch.src, batch.tgt_in)  # [batch, tgt_len, V]
-                total[0] += self.criterion(logits, batch.tgt_out).double()
-                total[1] += (batch.tgt_out != self.model.config.pad_id).sum()
-        loss_sum, count = total.tolist()  # one read from the device, at the end
-        return loss_sum / max(count, 1.0)
+    def _due(self, every: int) -> bool:
+        return self.step == self.config.steps or (every > 0 and self.step % every == 0)
 
     def validate(self) -> None:
         """Validation loss and metric, into the log; on rank 0 only (chapter 13)."""
         if world()[0] != 0 or (self.valid_loader is None and self.metric is None):
             return
-        loss = self.evaluate() if self.valid_loader is not None else math.nan
-        metric = None
+        loss, metric, amp = math.nan, None, self.config.amp
+        if self.valid_loader is not None:
+            loss = evaluate(self.model, self.valid_loader, self.criterion, amp)
         if self.metric is not None:
             with eval_mode(self.model), _forked_rng(self.device), torch.no_grad():
                 metric = (self.metric[0], float(self.metric[1](self.model)))
@@ -882,81 +796,53 @@ class Trainer:
 
     # Chapter 13, "Checkpoints"
     def state_dict(self) -> dict[str, Any]:
-        """All a run needs to go on exactly (chapter 13).
-
-        The optimizer, the schedule, the scaler, the data position, the random
-        states and the log.
-        """
-        rngs = [rng_state(self.device)]
-        if world()[1] > 1:  # every process must call this
-            rngs = [None] * world()[1]
-            dist.all_gather_object(rngs, rng_state(self.device))
+        """All a run needs to go on: the table's rows (chapter 13)."""
         return {
             "version": TRAINING_VERSION,
             "run_id": self.run["id"],
             "run": self.run,
             "train_config": self.config.to_dict(),
             "step": self.step,
-            "data": {
-                **self.batches.state_dict(),
-                "fingerprint": data_fingerprint(self.batches.loader),
-            },
+            "data": self.batches.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "rng": [{k: v.cpu() for k, v in r.items()} for r in rngs],
             **self.log.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a state_dict(): data, then random numbers (chapter 13)."""
+        """Continue from a state_dict() (chapter 13)."""
         self.run, self.step = dict(state["run"]), state["step"]
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        # amp="auto" may have meant float16 there and not here, or the reverse:
-        if state["scaler"].get("growth_interval") == self.scaler.get_growth_interval():
-            self.scaler.load_state_dict(state["scaler"])
-        else:
-            self.log.say(
-                "the checkpoint scaled its losses for another precision; "
-                "loss scaling starts afresh"
-            )
+        load_scaler(self.scaler, state["scaler"], self.log.say)
         self.log.load_state_dict(state)
-        # reopens the epoch, which may draw random numbers, so these come last:
         self.batches.load_state_dict(state["data"])
-        set_rng_state(state["rng"][world()[0] % len(state["rng"])], self.device)
 
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path | None:
-        """Write the model, tokenizer and state_dict() to path, atomically (chapter 13).
+        """Write model, tokenizer and state_dict() to path, atomically (chapter 13).
 
-        path is by default the folder's last.pt. Refuses weights that hold NaN or
-        inf. Under DDP every process must call it; rank 0 writes the file and
-        returns its path, the others return None.
+        path is by default the folder's last.pt. Under DDP every process calls it;
+        rank 0 writes the file and returns its path, the others return None.
         """
-        check_finite(self, weights=True)
         state = self.state_dict()
         if world()[0] != 0:
             return None
-        if path is None and self.folder is None:
-            raise ValueError(
-                "save_checkpoint needs a path, or a TrainConfig with a checkpoint_dir."
-            )
-        path = Path(path) if path is not None else self.folder.last
-        return write_checkpoint(
-            checkpoint_dict(self.model, self.tokenizer, training=state), path
-        )
+        checkpoint = checkpoint_dict(self.model, self.tokenizer, training=state)
+        return write_checkpoint(checkpoint, _checkpoint_path(path, self.folder))
 
-    def load_checkpoint(self, path: str | os.PathLike) -> None:
-        """Continue from a checkpoint of save_checkpoint, if it fits (chapter 13).
-
-        Its model, recipe and data must be this trainer's.
-        """
-        self._load(read_checkpoint(path), path)
-
-    def _load(self, saved: dict[str, Any], path: str | os.PathLike) -> None:
-        check_resumable(saved, self, path)
+    def load_checkpoint(
+        self, path: str | os.PathLike, saved: dict | None = None
+    ) -> None:
+        """Continue from save_checkpoint's file (its content: saved) (chapter 13)."""
+        saved = read_checkpoint(path) if saved is None else saved
+        check_training_version(saved.get("training"), path)
+        check_same_run(self._differences_from(saved), path)
         load_state_dict_checked(self.model, saved["state_dict"])
         self.load_state_dict(saved["training"])
+
+    def _differences_from(self, saved: dict[str, Any]) -> list[str]:
+        return recipe_differences(saved, self.model.config, self.config)
 
     @classmethod
     def resume(
@@ -967,40 +853,20 @@ class Trainer:
         config: TrainConfig | None = None,
         **kwargs: Any,
     ) -> Trainer:
-        """A Trainer rebuilt from a checkpoint (chapter 13).
-
-        The file gives the model, the tokenizer, the TrainConfig (unless given) and
-        the state. kwargs are the Trainer's other arguments (metric, log,
-        metric_name, run_info).
-        """
+        """A Trainer of a checkpoint's model, tokenizer, config, state (chapter 13)."""
         saved = read_checkpoint(path)
-        check_training_version(saved.get("training"), path)
-        if config is None:
-            config = saved_train_config(saved["training"], path)
-        # the weights; _load adds the rest
-        model, tokenizer = model_from_checkpoint(saved)
+        config = config or saved_train_config(saved.get("training"), path)
+        model, tokenizer = model_from_checkpoint(saved)  # load_checkpoint adds the rest
         trainer = cls(model, config, train_loader, valid_loader, tokenizer, **kwargs)
-        trainer._load(saved, path)
+        trainer.load_checkpoint(path, saved)
         return trainer
 
 
 def world() -> tuple[int, int]:
-    """(rank, world_size) of this process; (0, 1) without DDP (chapters 13, 14)."""
+    """(rank, world_size) of this process; (0, 1) without DDP (chapter 13)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def _training_module(
-    model: nn.Module, device: torch.device, distributed: bool, compile: bool
-) -> nn.Module:
-    """What the loop calls: the model, in DDP under torchrun, compiled (chapter 14)."""
-    module = model
-    if distributed:  # averages the gradients over the processes during backward()
-        module = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
-        )
-    return torch.compile(module) if compile else module
 
 
 def _check_trainer_inputs(model: Any, config: Any, run_info: Any) -> None:
@@ -1014,6 +880,22 @@ def _check_trainer_inputs(model: Any, config: Any, run_info: Any) -> None:
             "run_info must be a dict of plain values or None, got "
             f"{type(run_info).__name__}."
         )
+
+
+def recipe_parts(
+    model: Transformer, config: TrainConfig, device: torch.device
+) -> tuple[torch.optim.Optimizer, Any, torch.amp.GradScaler, LabelSmoothingLoss]:
+    """Adam, its schedule, the scaler and the summed loss of a recipe (chapter 13)."""
+    fused = True if device.type == "cuda" else None
+    optimizer = make_optimizer(model, fused=fused)
+    scheduler = make_scheduler(
+        optimizer, model.config.d_model, config.warmup, config.factor
+    )
+    # chapter 12's loss, summed over the real target tokens
+    criterion = LabelSmoothingLoss(
+        config.label_smoothing, ignore_index=model.config.pad_id, reduction="sum"
+    )
+    return optimizer, scheduler, make_scaler(config.amp, device), criterion
 
 
 def to_device(batch: Batch, device: torch.device, config: TransformerConfig) -> Batch:
@@ -1048,7 +930,7 @@ def count_tokens(batches: Sequence[Batch], pad_id: int) -> Tensor:
 
 
 def gradient_sync(module: nn.Module, last: bool) -> contextlib.AbstractContextManager:
-    """Under DDP, only an update's last backward averages gradients (chapter 14)."""
+    """Under DDP, only an update's last backward averages gradients (chapter 13)."""
     return module.no_sync() if world()[1] > 1 and not last else contextlib.nullcontext()
 
 
@@ -1058,8 +940,29 @@ def _sum_over_processes(t: Tensor) -> Tensor:
     return t
 
 
-NONFINITE_PATIENCE = 5  # skipped updates in a row before fit() gives up
 FLUSH_EVERY = 10  # updates between two reads of their losses from the device
+
+
+@torch.no_grad()
+def evaluate(
+    model: Transformer, loader: Iterable[Batch], criterion: nn.Module, amp: str = "fp32"
+) -> float:
+    """Mean loss per target token of model over loader (chapter 13).
+
+    criterion sums the loss over a batch's real target tokens, as the Trainer's.
+    """
+    device = next(model.parameters()).device
+    # [loss sum, target tokens]
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    with eval_mode(model), _forked_rng(device):
+        for batch in loader:
+            batch = to_device(batch, device, model.config)
+            with autocast(amp, device):
+                logits = model(batch.src, batch.tgt_in)  # [batch, tgt_len, V]
+            total[0] += criterion(logits, batch.tgt_out).double()
+            total[1] += (batch.tgt_out != model.config.pad_id).sum()
+    loss_sum, count = total.tolist()  # one read from the device, at the end
+    return loss_sum / max(count, 1.0)
 
 
 def _forked_rng(device: torch.device) -> contextlib.AbstractContextManager:
@@ -1070,45 +973,28 @@ def _forked_rng(device: torch.device) -> contextlib.AbstractContextManager:
 
 
 # Chapter 13, "Checkpoints"
-def rng_state(device: torch.device) -> dict[str, Tensor]:
-    """The states of the generators that dropout draws from (chapter 13).
+class RunFolder:
+    """A run's folder: last.pt, snapshots, averaged.pt, metrics (chapter 13).
 
-    The CPU's, and the device's.
+    The snapshots are step_N.pt.
     """
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    elif device.type == "mps":
-        state["mps"] = torch.mps.get_rng_state()
-    return state
 
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.last = self.path / "last.pt"
+        self.averaged = self.path / "averaged.pt"
+        self.metrics = self.path / "metrics.jsonl"
 
-def set_rng_state(state: dict[str, Tensor], device: torch.device) -> None:
-    """Restore what rng_state returned (chapter 13)."""
-    torch.set_rng_state(state["cpu"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-    elif device.type == "mps" and "mps" in state:
-        torch.mps.set_rng_state(state["mps"])
+    def snapshots(self) -> list[Path]:
+        """The model snapshots kept for averaging, oldest first."""
+        return sorted(self.path.glob("step_*.pt"))
 
-
-def data_fingerprint(loader: Iterable[Batch]) -> dict[str, Any]:
-    """What decides a make_loader loader's batches (chapter 13).
-
-    A hash of its pairs, and its batching settings.
-    """
-    found: dict[str, Any] = {}
-    pairs = getattr(loader, "dataset", None)
-    if isinstance(pairs, Sequence):
-        digest = hashlib.sha256()
-        for source, target in pairs:
-            digest.update(f"{list(map(int, source))}{list(map(int, target))}".encode())
-        found.update(pairs=len(pairs), pairs_sha256=digest.hexdigest()[:16])
-    sampler = getattr(loader, "batch_sampler", None)
-    if isinstance(sampler, TokenBatchSampler):
-        keys = ("max_tokens", "bucket_size", "shuffle", "seed")
-        found.update({key: getattr(sampler, key) for key in keys})
-    return found
+    def snapshot(self, checkpoint: dict[str, Any], step: int, keep: int) -> Path:
+        """Write step_N.pt, and delete all but the newest keep snapshots."""
+        path = write_checkpoint(checkpoint, self.path / f"step_{step:08d}.pt")
+        for old in self.snapshots()[:-keep]:
+            old.unlink()
+        return path
 
 
 TRAINING_VERSION = 2  # of the "training" entry of a checkpoint
@@ -1135,6 +1021,7 @@ def saved_train_config(
     training: dict[str, Any], path: str | os.PathLike
 ) -> TrainConfig:
     """The TrainConfig a checkpoint's training state holds, or why not (chapter 13)."""
+    check_training_version(training, path)
     try:
         return TrainConfig.from_dict(training["train_config"])
     except ValueError as err:  # fields added or removed since the file was written
@@ -1144,22 +1031,8 @@ def saved_train_config(
         ) from err
 
 
-def check_resumable(
-    saved: dict[str, Any], trainer: Trainer, path: str | os.PathLike
-) -> None:
-    """Refuse to continue with another model, recipe or data; name each (chapter 13)."""
-    training = saved.get("training")
-    check_training_version(training, path)
-    fingerprint = training["data"]["fingerprint"]
-    differ = (
-        _differences(saved["config"], trainer.model.config.to_dict(), saved["config"])
-        + _differences(
-            training["train_config"], trainer.config.to_dict(), RECIPE_FIELDS
-        )
-        + _differences(
-            fingerprint, data_fingerprint(trainer.batches.loader), fingerprint, "data "
-        )
-    )
+def check_same_run(differ: list[str], path: str | os.PathLike) -> None:
+    """Refuse a checkpoint of another model, recipe or data, naming each (ch. 13)."""
     if differ:
         raise ValueError(
             f"{path} comes from another configuration: {'; '.join(differ)}. Resume "
@@ -1167,7 +1040,38 @@ def check_resumable(
         )
 
 
-def _differences(
+def load_scaler(
+    scaler: torch.amp.GradScaler, state: dict[str, Any], say: Callable[[str], Any]
+) -> None:
+    """The saved scale, unless amp="auto" meant another precision there (ch. 13)."""
+    if state.get("growth_interval") == scaler.get_growth_interval():
+        scaler.load_state_dict(state)
+    else:
+        say(
+            "the checkpoint scaled its losses for another precision; "
+            "loss scaling starts afresh"
+        )
+
+
+def _checkpoint_path(path: str | os.PathLike | None, folder: RunFolder | None) -> Path:
+    if path is None and folder is None:
+        raise ValueError(
+            "save_checkpoint needs a path, or a TrainConfig with a checkpoint_dir."
+        )
+    return Path(path) if path is not None else folder.last
+
+
+def recipe_differences(
+    saved: dict[str, Any], model_config: TransformerConfig, config: TrainConfig
+) -> list[str]:
+    """What differs between a checkpoint's model and recipe and these (chapter 13)."""
+    recipe = saved["training"]["train_config"]
+    return differences(
+        saved["config"], model_config.to_dict(), saved["config"]
+    ) + differences(recipe, config.to_dict(), RECIPE_FIELDS)
+
+
+def differences(
     saved: dict[str, Any],
     current: dict[str, Any],
     names: Iterable[str],
@@ -1179,258 +1083,6 @@ def _differences(
         for n in names
         if saved.get(n) != current.get(n)
     ]
-
-
-# Chapter 13, "Guards for a long run"
-class RunFolder:
-    """A run's folder: last.pt, snapshots, averaged.pt, metrics, a lock (chapter 13).
-
-    The snapshots are step_N.pt.
-    """
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        self.last = self.path / "last.pt"
-        self.averaged = self.path / "averaged.pt"
-        self.metrics = self.path / "metrics.jsonl"
-
-    def snapshots(self) -> list[Path]:
-        """The model snapshots kept for averaging, oldest first."""
-        return sorted(self.path.glob("step_*.pt"))
-
-    def snapshot(self, checkpoint: dict[str, Any], step: int, keep: int) -> Path:
-        """Write step_N.pt, and delete all but the newest keep snapshots."""
-        path = write_checkpoint(checkpoint, self.path / f"step_{step:08d}.pt")
-        for old in self.snapshots()[:-keep]:
-            old.unlink()
-        return path
-
-    @contextlib.contextmanager
-    def claim(self, run_id: str, step: int, overwrite: bool) -> Iterator[None]:
-        """Hold the lock while a run trains; refuse another run's (chapter 13)."""
-        with self._lock():
-            self._make_room(run_id, step, overwrite)
-            yield
-
-    @contextlib.contextmanager
-    def _lock(self) -> Iterator[None]:
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            # also proves that the folder can be written
-            handle = open(self.path / ".lock", "a+")
-        except OSError as err:
-            raise ValueError(
-                f"cannot write checkpoints to {self.path}: {err.strerror or err}; "
-                "choose a writable checkpoint_dir."
-            ) from None
-        with handle:
-            try:
-                import fcntl  # POSIX; the lock goes with the process, even a killed one
-            except ImportError:
-                fcntl = None
-            try:
-                if fcntl is not None:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                raise ValueError(
-                    f"another process (pid {handle.read().strip() or '?'}) is training "
-                    f"into {self.path}; wait for it to finish, or choose another "
-                    "checkpoint_dir."
-                ) from None
-            handle.seek(0)
-            handle.truncate()
-            handle.write(str(os.getpid()))
-            handle.flush()
-            yield
-
-    def _make_room(self, run_id: str, step: int, overwrite: bool) -> None:
-        """A new run needs a folder without another run (or overwrite).
-
-        A resumed one drops its lost future: the snapshots and metrics after its step.
-        Files a killed write left half done (*.partial) go first.
-        """
-        for partial in self.path.glob(
-            "*.partial"
-        ):  # no writer but us: we hold the lock
-            partial.unlink()
-        files = [
-            p
-            for p in (self.last, *self.snapshots(), self.averaged, self.metrics)
-            if p.exists()
-        ]
-        owner = _owner_of(self.last) if self.last.exists() else None  # (run id, step)
-        if files and (step == 0 or owner is None or owner[0] != run_id):
-            if not overwrite:
-                what = (
-                    f"its last.pt is at step {owner[1]}"
-                    if owner
-                    else f"{len(files)} checkpoint file(s)"
-                )
-                raise ValueError(
-                    f"{self.path} holds another run ({what}). Continue it with "
-                    f"--resume {self.last} (Trainer.resume), start over with "
-                    "--overwrite (deletes its checkpoints), or choose another "
-                    "checkpoint_dir."
-                )
-            for path in files:
-                path.unlink()
-            return
-        if owner is not None and owner[1] > step and not overwrite:
-            later = [
-                p.name for p in self.snapshots() if int(p.stem.split("_")[1]) > step
-            ]
-            raise ValueError(
-                f"{self.path} holds this run up to step {owner[1]}, later than step "
-                f"{step} that the resume starts from; it would lose last.pt and "
-                f"{len(later)} snapshot(s) ({', '.join(later) or 'none'}). Resume from "
-                f"{self.last}, or pass --overwrite (overwrite=True) to go back."
-            )
-        for path in self.snapshots():  # taken after the step we resume from
-            if int(path.stem.split("_")[1]) > step:
-                path.unlink()
-        if self.metrics.exists():
-            rows = self.metrics.read_text(encoding="utf-8").splitlines(keepends=True)
-            self.metrics.write_text(
-                "".join(r for r in rows if json.loads(r)["step"] <= step),
-                encoding="utf-8",
-            )
-
-
-def _owner_of(path: Path) -> tuple[str, int] | None:
-    """(run id, step) of a training checkpoint, or None if it has none."""
-    try:
-        training = read_checkpoint(path).get("training") or {}
-    except (ValueError, OSError):
-        return None
-    return (training["run_id"], training["step"]) if "run_id" in training else None
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """fit() stopped at a signal, after saving its last complete update (chapter 13)."""
-
-    def __init__(
-        self, signum: int, step: int, path: Path | None, rank: int = 0
-    ) -> None:
-        self.signum, self.step, self.path, self.rank = signum, step, path, rank
-        saved = (
-            f"; saved to {path}"
-            if path is not None
-            else "; rank 0 saved the checkpoint"
-            if rank
-            else "; no checkpoint_dir, nothing saved"
-        )
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name} after step {step}{saved}"
-        )
-
-
-REPEAT_GRACE_S = 2.0  # a repeat of a signal this soon is the same request
-
-
-@dataclass
-class StopRequest:
-    """What stop_on_signals notes: the first signal received, or None (chapter 13).
-
-    at is when it came (time.monotonic()); saving is set while the checkpoint
-    is written.
-    """
-
-    signum: int | None = None
-    at: float = 0.0
-    saving: bool = False
-
-
-@contextlib.contextmanager
-def stop_on_signals(
-    signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
-    grace: float = REPEAT_GRACE_S,
-) -> Iterator[StopRequest]:
-    """Inside, a first SIGINT or SIGTERM asks to stop, a second stops (chapter 13)."""
-    request = StopRequest()
-    # only the main thread may handle signals
-    if threading.current_thread() is not threading.main_thread():
-        yield request
-        return
-
-    def note(signum: int, frame: Any) -> None:
-        now = time.monotonic()
-        if request.signum is None:
-            request.signum, request.at = signum, now
-        elif not request.saving and now - request.at > grace:
-            raise KeyboardInterrupt  # asked again: do not wait for the update to end
-
-    previous = {s: signal.signal(s, note) for s in signums}
-    try:
-        yield request
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-
-
-def anyone_stops(stop: bool, device: torch.device, step: int) -> bool:
-    """Whether any process was asked to stop (chapter 14).
-
-    Under DDP all must stop after the same update; the processes compare their
-    flags every FLUSH_EVERY updates, since reading the result makes the CPU wait
-    for the device.
-    """
-    if world()[1] == 1:
-        return stop
-    if step % FLUSH_EVERY:
-        return False
-    flag = torch.tensor([float(stop)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
-
-
-class NonFiniteLoss(RuntimeError):
-    """The loss stayed NaN or infinite, or the weights hold NaN or inf (chapter 13)."""
-
-
-def check_finite(trainer: Trainer, weights: bool = False) -> None:
-    """Stop a run whose updates all fail, or whose weights hold NaN or inf (chapter 13).
-
-    A run fails when its last NONFINITE_PATIENCE updates were all skipped.
-    """
-    h, n, c = trainer.history, NONFINITE_PATIENCE, trainer.config
-    # float16's scaler skips overflows on purpose
-    fp16 = autocast_dtype(c.amp, trainer.device) == torch.float16
-    bad = [
-        not math.isfinite(loss) or not (fp16 or math.isfinite(norm))
-        for loss, norm in zip(h["loss"][-n:], h["grad_norm"][-n:])
-    ]
-    broken = weights and not all(
-        bool(torch.isfinite(p).all()) for p in trainer.model.parameters()
-    )
-    if not broken and (len(bad) < n or not all(bad)):
-        return
-    raise NonFiniteLoss(_nonfinite_message(trainer, broken, fp16))
-
-
-def _nonfinite_message(trainer: Trainer, broken: bool, fp16: bool) -> str:
-    c, n = trainer.config, NONFINITE_PATIENCE
-    peak = rate(c.warmup, trainer.model.config.d_model, c.warmup, c.factor)
-    folder = trainer.folder
-    kept = (
-        f" {folder.last} keeps the last good checkpoint."
-        if folder and folder.last.exists()
-        else ""
-    )
-    what = (
-        "its weights hold NaN or inf"
-        if broken
-        else f"the loss or gradient norm was NaN or inf in the last {n} updates, "
-        "each one skipped"
-    )
-    fp16_note = (
-        ", or float16's narrow range (amp='fp16'; 'bf16' avoids it)" if fp16 else ""
-    )
-    return (
-        f"training stopped at step {trainer.step}: {what}. Likely causes: a learning "
-        f"rate too high (factor={c.factor}, warmup={c.warmup}: a peak rate of "
-        f"{peak:.2g}), exploding gradients (clip_norm={c.clip_norm}){fp16_note}.{kept}"
-    )
 
 
 # Chapter 13, "Averaging checkpoints"
@@ -1478,7 +1130,7 @@ def average_checkpoints(
     }
     for path in paths[1:]:
         other = read_checkpoint(path)
-        differ = _differences(first["config"], other["config"], first["config"])
+        differ = differences(first["config"], other["config"], first["config"])
         if differ:
             raise ValueError(
                 f"{path} holds another model than {paths[0]}: {'; '.join(differ)}."

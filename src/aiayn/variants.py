@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from aiayn.embedding import PredictionHead, TokenEmbedding, check_token_ids, tie_weights
 from aiayn.encoder import Encoder
-from aiayn.masks import causal_mask, padding_mask
+from aiayn.masks import causal_mask, is_int, padding_mask
 from aiayn.model import eval_mode
 from aiayn.positional import LearnedPositionalEmbedding
 
@@ -141,11 +141,7 @@ class DecoderOnlyLM(nn.Module):
         self, prompt: Tensor, max_new_tokens: int, temperature: float, greedy: bool
     ) -> Tensor:
         """The prompt's ids, checked; stop settings that generate() cannot honour."""
-        if (
-            isinstance(max_new_tokens, bool)
-            or not isinstance(max_new_tokens, int)
-            or max_new_tokens < 0
-        ):
+        if not is_int(max_new_tokens, 0):
             raise ValueError(
                 f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}."
             )
@@ -337,9 +333,7 @@ def _check_head_options(pool: str, n_classes: int | None) -> None:
         raise ValueError(
             f"pool must be 'first' (the [CLS] token) or 'mean', got {pool!r}."
         )
-    if n_classes is not None and (
-        isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1
-    ):
+    if n_classes is not None and (not is_int(n_classes, 1)):
         raise ValueError(
             "n_classes must be a positive int, or None for no classifier; "
             f"got {n_classes!r}."
