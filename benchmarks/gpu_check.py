@@ -786,17 +786,11 @@ def amp_setup(ctx: Context) -> tuple:
     import train_mfu
 
     vocab = 500 if ctx.small else 10_000
-    recipe = GPU_RECIPE
+    c = GPU_RECIPE.model_config(vocab)
     if ctx.small:
-        recipe = dataclasses.replace(
-            GPU_RECIPE,
-            d_model=32,
-            n_heads=2,
-            n_encoder_layers=1,
-            n_decoder_layers=1,
-            d_ff=64,
+        c = dataclasses.replace(
+            c, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64
         )
-    c = recipe.model_config(vocab)
     # max_tokens 12,000: b * max(src_len, tgt_len + 1) <= 12,000
     shapes = (
         [(40, 10, 9), (20, 20, 19)] if ctx.small else [(400, 30, 29), (190, 63, 62)]
