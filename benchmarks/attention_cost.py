@@ -55,7 +55,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from aiayn.attention import scaled_dot_product_attention
 from aiayn.multi_head import MultiHeadAttention
 from aiayn.sublayers import PositionwiseFeedForward
-from aiayn.train import pick_device
+from aiayn.batching import pick_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers.py, next to this file
 import peers  # noqa: E402

@@ -26,7 +26,7 @@ import torch
 
 from aiayn import Transformer, TransformerConfig
 from aiayn.decoding import beam_search, greedy_search
-from aiayn.train import pick_device
+from aiayn.batching import pick_device
 
 PRESETS = {
     "tiny": lambda vocab: TransformerConfig.tiny(vocab),  # d_model 64, 2 + 2 layers

@@ -551,7 +551,8 @@ def part_env(ctx: Context) -> None:
     import torch
 
     import aiayn
-    from aiayn.train import autocast_dtype, pick_device
+    from aiayn.batching import pick_device
+    from aiayn.train import autocast_dtype
 
     print(f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}")
     print(

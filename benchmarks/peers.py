@@ -79,7 +79,7 @@ from aiayn import Transformer, TransformerConfig
 from aiayn.batching import Batch
 from aiayn.decoding import beam_search, greedy_search
 from aiayn.optim import make_optimizer
-from aiayn.train import pick_device
+from aiayn.batching import pick_device
 
 # benchmarks/ is no package: import train_throughput.py, next to this file, by path
 sys.path.insert(0, str(Path(__file__).resolve().parent))

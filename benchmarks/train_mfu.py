@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.batching import Batch
-from aiayn.train import pick_device
+from aiayn.batching import pick_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers.py, next to this file
 import peers  # noqa: E402

@@ -33,7 +33,7 @@ from aiayn.embedding import PredictionHead, TokenEmbedding, tie_weights
 from aiayn.masks import causal_mask
 from aiayn.optim import LabelSmoothingLoss, make_optimizer
 from aiayn.positional import SinusoidalPositionalEncoding
-from aiayn.train import pick_device
+from aiayn.batching import pick_device
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -48,7 +48,8 @@ from aiayn.data import (
     save_pretrained,
     sha256_file,
 )
-from aiayn.train import load_checkpoint_model, make_loader
+from aiayn.batching import load_checkpoint_model
+from aiayn.train import make_loader
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,7 +40,7 @@ from aiayn.data import (
     split_files,
 )
 from aiayn.decoding import translate
-from aiayn.train import load_checkpoint_model
+from aiayn.batching import load_checkpoint_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

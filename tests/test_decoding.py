@@ -472,7 +472,7 @@ def test_translate_cli_lines_end_only_at_newlines(checkpoint: Path) -> None:
 
 
 def test_translate_cli_translates_every_line_that_fits_and_names_the_others(checkpoint: Path) -> None:
-    from aiayn.train import load_checkpoint_model
+    from aiayn.batching import load_checkpoint_model
 
     limit = load_checkpoint_model(checkpoint)[0].config.max_len
     long_line = " ".join(["3"] * (limit + 2))
@@ -575,7 +575,7 @@ def test_translate_refuses_a_model_whose_weights_hold_nan(checkpoint: Path) -> N
     """Such a model translates everything to one repeated token: refuse, naming the tensors."""
     from aiayn.decoding import translate
     from aiayn.model import content_hash
-    from aiayn.train import load_checkpoint_model
+    from aiayn.batching import load_checkpoint_model
 
     model, tokenizer = load_checkpoint_model(checkpoint)
     with torch.no_grad():
@@ -596,7 +596,7 @@ def test_translate_refuses_a_model_whose_weights_hold_nan(checkpoint: Path) -> N
 
 def test_translate_takes_any_iterable_and_names_a_missing_tokenizer_and_unreadable_texts(checkpoint: Path) -> None:
     from aiayn.decoding import translate
-    from aiayn.train import load_checkpoint_model
+    from aiayn.batching import load_checkpoint_model
 
     model, tokenizer = load_checkpoint_model(checkpoint)
     assert translate(model, tokenizer, (t for t in ["1 2", "3"]), method="greedy") == \

@@ -19,7 +19,8 @@ from aiayn.cli import PRESETS
 from aiayn.cli import train_main as main
 from aiayn.engine import enable_grad_checkpointing, saved_activation_bytes
 from aiayn.model import read_checkpoint
-from aiayn.train import encode_pairs, greedy_decode, load_checkpoint_model, synthetic_pairs, synthetic_tokenizer
+from aiayn.batching import load_checkpoint_model
+from aiayn.train import encode_pairs, greedy_decode, synthetic_pairs, synthetic_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--train-size", "2000", "--valid-size", "50", "--no-progress"]  # a quick copy task

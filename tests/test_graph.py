@@ -137,3 +137,10 @@ def test_the_configurations_are_short_and_the_recipe_declares_no_field_twice() -
     recipe = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Multi30kRecipe")
     declared = {n.target.id for n in recipe.body if isinstance(n, ast.AnnAssign)}
     assert declared == {"direction", "vocab_size", "model", "schedule", "max_tokens"}
+
+
+def test_loading_a_model_and_picking_a_device_sit_below_training_and_multi30k() -> None:
+    for name in ("pick_device", "load_checkpoint_model", "model_from_checkpoint"):
+        homes = [p.stem for p in SRC.glob("*.py") if f"\ndef {name}(" in p.read_text()]
+        assert homes == ["batching"], (name, homes)
+        assert CHAPTER_OF["batching"] < min(CHAPTER_OF["train"], CHAPTER_OF["data"])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from aiayn import Transformer, TransformerConfig
-from aiayn.batching import Batch, make_batch
+from aiayn.batching import Batch, load_checkpoint_model, make_batch, pick_device
 from aiayn.model import read_checkpoint
 from aiayn.engine import NonFiniteLoss, RunTrainer, TrainingInterrupted, claim_folder
 from aiayn.train import (
@@ -27,10 +27,8 @@ from aiayn.train import (
     encode_pairs,
     exact_match,
     greedy_decode,
-    load_checkpoint_model,
     make_loader,
     make_scaler,
-    pick_device,
     synthetic_pairs,
     synthetic_tokenizer,
 )

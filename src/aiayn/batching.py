@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import operator
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,12 @@ import torch
 from torch import Tensor
 
 from aiayn.masks import is_int, padding_mask, target_mask
+from aiayn.model import (
+    Transformer,
+    TransformerConfig,
+    load_state_dict_checked,
+    read_checkpoint,
+)
 
 __all__ = [
     "Batch",
@@ -26,8 +33,11 @@ __all__ = [
     "TOKENIZER_CLASSES",
     "TokenBatchSampler",
     "example_size",
+    "load_checkpoint_model",
     "make_batch",
+    "model_from_checkpoint",
     "pad_sequences",
+    "pick_device",
     "tokenizer_from_dict",
 ]
 
@@ -189,6 +199,31 @@ def _check_tokenizer_dict(d: Any) -> None:
             f"{sorted(TOKENIZER_CLASSES)}. A tokenizer class of your own rebuilds "
             f"its dict with its own from_dict: MyTokenizer.from_dict(d)."
         )
+
+
+def model_from_checkpoint(
+    saved: dict[str, Any], state_dict: dict[str, Tensor] | None = None
+) -> tuple[Transformer, Any]:
+    """A checkpoint's model in eval mode, and its tokenizer or None (chapter 11).
+
+    The model gets the checkpoint's weights, or state_dict if given.
+    """
+    model = Transformer(TransformerConfig.from_dict(saved["config"]))
+    load_state_dict_checked(
+        model, saved["state_dict"] if state_dict is None else state_dict
+    )
+    tokenizer = (
+        tokenizer_from_dict(saved["tokenizer"]) if saved.get("tokenizer") else None
+    )
+    return model.eval(), tokenizer
+
+
+def load_checkpoint_model(
+    path: str | os.PathLike, map_location: str | torch.device | None = None
+) -> tuple[Transformer, Any]:
+    """A checkpoint's model, in eval mode, and its tokenizer or None (chapter 11)."""
+    model, tokenizer = model_from_checkpoint(read_checkpoint(path))
+    return (model if map_location is None else model.to(map_location)), tokenizer
 
 
 # Chapter 11, "Padding to the longest sentence"
@@ -442,6 +477,53 @@ class Collator:
         self, pairs: Sequence[tuple[Sequence[int] | Tensor, Sequence[int] | Tensor]]
     ) -> Batch:
         return make_batch(pairs, self.pad_id, self.bos_id, self.eos_id)
+
+
+# Chapter 11, "A batch through the Transformer"
+def pick_device(name: str = "auto") -> torch.device:
+    """The device to train on: "auto" is cuda, else mps, else cpu (chapter 11).
+
+    A bare "cuda" is cuda:LOCAL_RANK under torchrun.
+    """
+    if name == "auto":
+        name = (
+            "cuda"
+            if torch.cuda.is_available()
+            else "mps"
+            if torch.backends.mps.is_available()
+            else "cpu"
+        )
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps."
+        ) from None
+    # torchrun names each process's GPU in LOCAL_RANK
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    _check_device(name, device)
+    return device
+
+
+def _check_device(name: str, device: torch.device) -> None:
+    """A device that this PyTorch can train on, or a ValueError saying what to use."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device {name!r} asked for, but this PyTorch sees no CUDA GPU; use auto "
+            "or cpu."
+        )
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA "
+            f"GPU(s), numbered from 0."
+        )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(
+            "device 'mps' asked for, but MPS is not available here; use auto or cpu."
+        )
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {name!r}: training runs on cpu, cuda or mps.")
 
 
 # Chapter 11, "Batches by tokens, not sentences"

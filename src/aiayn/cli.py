@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from aiayn.batching import load_checkpoint_model, pick_device
 from aiayn.data import (
     DATA_ENV,
     DIRECTIONS,
@@ -61,9 +62,7 @@ from aiayn.train import (
     check_training_version,
     encode_pairs,
     exact_match,
-    load_checkpoint_model,
     make_loader,
-    pick_device,
     saved_train_config,
     synthetic_pairs,
     synthetic_tokenizer,

@@ -39,6 +39,7 @@ from tokenizers import (
 )
 from torch import Tensor
 
+from aiayn.batching import load_checkpoint_model, pick_device
 from aiayn.decoding import translate
 from aiayn.engine import RunTrainer
 from aiayn.masks import is_int
@@ -52,9 +53,7 @@ from aiayn.model import (
 from aiayn.train import (
     RECIPE_FIELDS,
     TrainConfig,
-    load_checkpoint_model,
     make_loader,
-    pick_device,
 )
 
 __all__ = [

@@ -32,7 +32,8 @@ from aiayn.batching import (
     SymbolTokenizer,
     TokenBatchSampler,
     make_batch,
-    tokenizer_from_dict,
+    model_from_checkpoint,
+    pick_device,
 )
 from aiayn.embedding import check_token_ids
 from aiayn.masks import is_int, is_number
@@ -74,12 +75,9 @@ __all__ = [
     "exact_match",
     "gradient_sync",
     "greedy_decode",
-    "load_checkpoint_model",
     "load_scaler",
     "make_loader",
     "make_scaler",
-    "model_from_checkpoint",
-    "pick_device",
     "recipe_differences",
     "recipe_parts",
     "saved_train_config",
@@ -263,32 +261,6 @@ def exact_match(model: Transformer, pairs: Pairs, batch_size: int = 500) -> floa
 AMP_MODES = ("auto", "bf16", "fp16", "off")
 
 
-def pick_device(name: str = "auto") -> torch.device:
-    """The device to train on: "auto" is cuda, else mps, else cpu (chapter 13).
-
-    A bare "cuda" is cuda:LOCAL_RANK under torchrun.
-    """
-    if name == "auto":
-        name = (
-            "cuda"
-            if torch.cuda.is_available()
-            else "mps"
-            if torch.backends.mps.is_available()
-            else "cpu"
-        )
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise ValueError(
-            f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps."
-        ) from None
-    # torchrun names each process's GPU in LOCAL_RANK
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    _check_device(name, device)
-    return device
-
-
 def autocast_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of an amp setting; None for float32 (chapter 13).
 
@@ -317,26 +289,6 @@ def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManage
         if dtype is None
         else torch.autocast(device.type, dtype=dtype)
     )
-
-
-def _check_device(name: str, device: torch.device) -> None:
-    """A device that this PyTorch can train on, or a ValueError saying what to use."""
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"device {name!r} asked for, but this PyTorch sees no CUDA GPU; use auto "
-            "or cpu."
-        )
-    if device.type == "cuda" and device.index >= torch.cuda.device_count():
-        raise ValueError(
-            f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA "
-            f"GPU(s), numbered from 0."
-        )
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(
-            "device 'mps' asked for, but MPS is not available here; use auto or cpu."
-        )
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"device {name!r}: training runs on cpu, cuda or mps.")
 
 
 # Chapter 13, "Skipping an update that went wrong"
@@ -1086,31 +1038,6 @@ def differences(
 
 
 # Chapter 13, "Averaging checkpoints"
-def model_from_checkpoint(
-    saved: dict[str, Any], state_dict: dict[str, Tensor] | None = None
-) -> tuple[Transformer, Any]:
-    """A checkpoint's model in eval mode, and its tokenizer or None (chapter 13).
-
-    The model gets the checkpoint's weights, or state_dict if given.
-    """
-    model = Transformer(TransformerConfig.from_dict(saved["config"]))
-    load_state_dict_checked(
-        model, saved["state_dict"] if state_dict is None else state_dict
-    )
-    tokenizer = (
-        tokenizer_from_dict(saved["tokenizer"]) if saved.get("tokenizer") else None
-    )
-    return model.eval(), tokenizer
-
-
-def load_checkpoint_model(
-    path: str | os.PathLike, map_location: str | torch.device | None = None
-) -> tuple[Transformer, Any]:
-    """A checkpoint's model, in eval mode, and its tokenizer or None (chapter 13)."""
-    model, tokenizer = model_from_checkpoint(read_checkpoint(path))
-    return (model if map_location is None else model.to(map_location)), tokenizer
-
-
 def average_checkpoints(
     paths: Sequence[str | os.PathLike], map_location: str | torch.device | None = None
 ) -> tuple[Transformer, Any]:
