@@ -8,7 +8,10 @@ Debian's Chromium (driven by Playwright) and fails unless:
 - no page raises a JavaScript error;
 - every formula of every page has been typeset by MathJax (an `mjx-container` inside it);
 - on the pages that have altair charts, every chart has drawn (an SVG or canvas inside it);
-- every chapter page has a Colab launch link to its own notebook in the repository;
+- every chapter page has a Colab launch link to its own notebook in the repository,
+  and under its title one note saying which Colab runtime to choose: a GPU exactly
+  when its notebook's metadata asks Colab for one (_ext/colab_runtime.py);
+- no page shows more than one search field;
 - chapter 1 has both math and at least one chart;
 - on a 1400-pixel-wide page, no code block, output or chart scrolls sideways (its
   scrollWidth is at most its clientWidth), and every figure has a caption;
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
+import json
 import re
 import shutil
 import sys
@@ -104,6 +108,10 @@ CHECK_PAGE = """async () => {
     uncaptioned: [...document.querySelectorAll('div.cell_output img')]
       .filter((img) => img.closest('figure') === null || img.closest('figure').querySelector('figcaption') === null)
       .length,
+    searches: [...document.querySelectorAll('input[type="search"], input[name="q"]')]
+      .filter((e) => e.offsetParent !== null).length,
+    runtime: [...document.querySelectorAll('div.admonition p')].map((e) => e.innerText.trim())
+      .filter((t) => t.startsWith('Colab runtime:')),
     altairUncaptioned: charts.filter((c) => {
       const cell = c.closest('div.cell');
       const next = cell && cell.nextElementSibling;
@@ -113,6 +121,16 @@ CHECK_PAGE = """async () => {
 }"""
 
 PAGE_WIDTH = "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+
+def runtime_failures(name: str, notes: list[str]) -> list[str]:
+    """What is wrong with a chapter's runtime note, given its notebook's metadata."""
+    metadata = json.loads((ROOT / f"{name}.ipynb").read_text(encoding="utf-8"))["metadata"]
+    if len(notes) != 1:
+        return [f"{name}: {len(notes)} 'Colab runtime' notes, expected one"]
+    if notes[0].startswith("Colab runtime: GPU") != (metadata.get("accelerator") == "GPU"):
+        return [f"{name}: the runtime note {notes[0]!r} disagrees with the notebook's metadata"]
+    return []
 
 
 def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
@@ -163,6 +181,10 @@ def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
                     failures.append(f"{name}: Colab launch link {result['colab']}, expected [{colab}]")
                 elif not (ROOT / f"{name}.ipynb").exists():
                     failures.append(f"{name}: the Colab link points to {name}.ipynb, which does not exist")
+                else:
+                    failures += runtime_failures(name, result["runtime"])
+            if result["searches"] > 1:
+                failures.append(f"{name}: {result['searches']} search fields")
             failures += [f"{name}: scrolls sideways at 1400 px: {line!r}" for line in result["sideways"]]
             if result["uncaptioned"]:
                 failures.append(f"{name}: {result['uncaptioned']} figures without a caption")

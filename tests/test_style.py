@@ -230,3 +230,16 @@ def test_chapter_ends_with_its_summary_and_what_the_documents_say(
 ) -> None:
     headings = re.findall(r"^## (.+?)\s*$", chapter.read_text(encoding="utf-8"), re.M)
     assert headings[-2:] == ["Summary", "What the documents say"], headings[-3:]
+
+
+MAX_SHOWN_IMPORT_LINES = 12
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_a_chapter_does_not_open_with_a_long_import_cell(chapter: Path) -> None:
+    """The module's imports are folded when they are longer than a few lines."""
+    for c in jupytext.read(chapter).cells:
+        if c.cell_type == "code" and c.source.startswith("from __future__ import"):
+            lines = len([line for line in c.source.splitlines() if line.strip()])
+            folded = FOLDED & set(c.metadata.get("tags", []))
+            assert lines <= MAX_SHOWN_IMPORT_LINES or folded, f"{lines} lines shown"
