@@ -18,7 +18,7 @@ from typing import Any
 CHAPTER = re.compile(r"(^|/)\d\d_[a-z_]+$")  # book/NN_name
 CPU_NOTE = (
     "Colab runtime: the default CPU runtime is enough; every cell runs in minutes on a "
-    "CPU, and a GPU runtime changes no checked result."
+    "CPU."
 )
 
 
@@ -28,7 +28,7 @@ def runtime_note(metadata: dict[str, Any]) -> str:
         return CPU_NOTE
     gpu = (metadata.get("colab") or {}).get("gpuType", "any")
     what = metadata.get("runtime", "")
-    return f"Colab runtime: GPU ({gpu}); the Launch button opens it so. {what}".strip()
+    return f"Colab runtime: GPU ({gpu}), which the Launch button opens. {what}".strip()
 
 
 def notebook_metadata(path: Path) -> dict[str, Any]:
