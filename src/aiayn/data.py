@@ -518,17 +518,16 @@ def _check_training(texts: Iterable[str], vocab_size: int, n_special: int) -> No
 MAX_LEN = 256  # positions of the sinusoidal table: the longest sentence (61) plus 50
 
 
-def joint_model(vocab_size: int = 4000, **sizes: Any) -> TransformerConfig:
-    """This chapter's model for a joint vocabulary; sizes override it (chapter 16)."""
-    book = dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3)
-    return TransformerConfig(
-        vocab_size,
-        vocab_size,
-        **{**book, "d_ff": 512, "dropout": 0.0, "norm_first": True, **sizes},
-        max_len=MAX_LEN,
-        share_embeddings=True,
-        tie_output=True,
-    )
+def joint_model(preset: str | None = None, **sizes: Any) -> TransformerConfig:
+    """A pre-norm model for a joint vocabulary; sizes override it (chapter 16).
+
+    By default this chapter's model, chapter 9's small preset with d_ff 512 and no
+    dropout; else the named preset of chapter 9.
+    """
+    book = {"d_ff": 512, "dropout": 0.0} if preset is None else {}
+    joint = dict(max_len=MAX_LEN, share_embeddings=True, tie_output=True)
+    changes = {**book, "norm_first": True, **sizes, **joint}
+    return TransformerConfig.preset(preset or "small", 4000, **changes)
 
 
 def schedule(**changes: Any) -> TrainConfig:
@@ -597,20 +596,13 @@ def _check_recipe(recipe: Multi30kRecipe) -> None:
 BOOK_RECIPE = Multi30kRecipe()  # this chapter's CPU model
 LONG_RECIPE = Multi30kRecipe(  # about 22 passes; the shipped model
     vocab_size=8000,
-    model=joint_model(d_ff=1024, dropout=0.1),
+    model=joint_model("small"),
     schedule=schedule(steps=5000, warmup=800, factor=1.0),
     max_tokens=2048,
 )
-GPU_RECIPE = Multi30kRecipe(  # the base model's sizes (chapter 9)
+GPU_RECIPE = Multi30kRecipe(
     vocab_size=10_000,
-    model=joint_model(
-        d_model=512,
-        n_heads=8,
-        n_encoder_layers=6,
-        n_decoder_layers=6,
-        d_ff=2048,
-        dropout=0.3,
-    ),
+    model=joint_model("base", dropout=0.3),
     schedule=schedule(steps=4000, warmup=1000, factor=1.0),
     max_tokens=12_000,
 )
