@@ -21,6 +21,7 @@ Each module is the code of one chapter:
     aiayn.data        chapter 16, book/16_translation.md
     aiayn.viz         chapter 17, book/17_inside_attention.md
     aiayn.cli         chapter 19, book/19_command_line.md
+    aiayn.production  chapter 20, book/20_production.md
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -31,8 +32,10 @@ except PackageNotFoundError:  # imported from a source tree that is not installe
     __version__ = "0+unknown"
 
 from aiayn.model import Transformer, TransformerConfig
+from aiayn.production import from_huggingface
 
 __all__ = [
     "Transformer",
     "TransformerConfig",
+    "from_huggingface",
 ]

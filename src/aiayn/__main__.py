@@ -13,6 +13,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("aiayn.cli", "train_main", ("chapter 19, The command line")),
     "translate": ("aiayn.cli", "translate_main", ("chapter 19, The command line")),
     "bleu": ("aiayn.cli", "bleu_main", ("chapter 19, The command line")),
+    "export": (
+        "aiayn.production",
+        "export_main",
+        ("chapter 20, From the book to production"),
+    ),
 }
 
 

@@ -162,10 +162,12 @@ def _check_min_len(min_len: object, limits: Tensor) -> None:
 def _allowed(logits: Tensor, model: Transformer, length: int, min_len: int) -> Tensor:
     """Logits [n, V], -inf for the tokens barred after `length` tokens (chapter 15).
 
-    Padding and the start token are never generated; the end token not before min_len.
+    Padding and the start token are never generated (unless the start token is the
+    end token, as in fairseq's models, chapter 20); the end token not before min_len.
     """
     c = model.config
-    banned = [c.pad_id, c.bos_id] + ([c.eos_id] if length < min_len else [])
+    start = [c.bos_id] if c.bos_id != c.eos_id else []
+    banned = [c.pad_id, *start] + ([c.eos_id] if length < min_len else [])
     logits = logits.clone()  # [n, V]
     for token in banned:  # a fill per column: no index tensor to copy to the device
         logits[..., token] = float("-inf")

@@ -31,21 +31,27 @@ class TokenEmbedding(nn.Module):
         d_model: width of the vectors.
         pad_id: id of the padding token, or None. Like nn.Embedding's padding_idx:
             its row starts at zero and the lookup sends it no gradient.
+        scaled: multiply the rows by sqrt(d_model), as the paper does; False
+            leaves them as they are (some models trained elsewhere, chapter 20).
 
     Attributes:
         weight: the table E, an nn.Parameter [vocab_size, d_model]; tie_weights
             replaces it by the prediction head's.
-        scale: sqrt(d_model), the factor applied to every looked-up row.
+        scale: sqrt(d_model) (or 1), the factor applied to every looked-up row.
     """
 
     def __init__(
-        self, vocab_size: int, d_model: int, pad_id: int | None = None
+        self,
+        vocab_size: int,
+        d_model: int,
+        pad_id: int | None = None,
+        scaled: bool = True,
     ) -> None:
         super().__init__()
         _check_sizes(vocab_size, d_model)
         _check_pad_id(pad_id, vocab_size)
         self.vocab_size, self.d_model, self.pad_id = vocab_size, d_model, pad_id
-        self.scale = math.sqrt(d_model)
+        self.scale = math.sqrt(d_model) if scaled else 1.0
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))  # E: [V, d_model]
         self.reset_parameters()
 

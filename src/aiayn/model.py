@@ -54,7 +54,7 @@ __all__ = [
 
 
 # Chapter 9, "The configuration"
-POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
+POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "table")
 
 
 @dataclass(frozen=True)
@@ -68,15 +68,21 @@ class TransformerConfig:
         n_encoder_layers, n_decoder_layers: the N of each stack (6 and 6).
         d_ff: hidden width of the feed-forward networks (2048).
         dropout: P_drop, used at every dropout site of chapters 4 and 6 (0.1).
-        activation: the feed-forward activation, "relu" (the paper) or "gelu".
+        activation: the feed-forward activation, "relu" (the paper), "gelu" or
+            "silu".
         norm_first: False for post-norm (the paper), True for pre-norm.
         final_norm: a LayerNorm after each stack; None means exactly when norm_first.
-        positional: "sinusoidal" (the paper) or "learned" (its Table 3, row E).
+        positional: "sinusoidal" (the paper), "learned" (its Table 3, row E) or
+            "table": a fixed table kept with the weights, which may replace the
+            sinusoids by another fixed table (chapter 20).
         max_len: rows of the positional table: the longest sequence accepted.
         share_embeddings: one matrix for the source and target embeddings; needs
             one vocabulary for both (the paper's shared byte-pair vocabulary).
         tie_output: the target embedding matrix is also the pre-softmax matrix.
-        pad_id, bos_id, eos_id: ids of the padding, start and end tokens.
+        scale_embeddings: embeddings times sqrt(d_model), as in the paper.
+        output_bias: a bias per token added to the logits; the paper has none.
+        pad_id, bos_id, eos_id: ids of the padding, start and end tokens; the
+            start may be the padding (chapter 20), never the end.
         eps: the epsilon of every LayerNorm.
     """
 
@@ -95,6 +101,8 @@ class TransformerConfig:
     max_len: int = 1024
     share_embeddings: bool = True
     tie_output: bool = True
+    scale_embeddings: bool = True
+    output_bias: bool = False
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -202,7 +210,7 @@ def _check_sizes(c: TransformerConfig) -> None:
         raise ValueError(
             f"positional must be one of {POSITIONAL_ENCODINGS}, got {c.positional!r}."
         )
-    if c.positional == "sinusoidal" and c.d_model % 2 != 0:
+    if c.positional != "learned" and c.d_model % 2 != 0:
         raise ValueError(
             "the sinusoidal encoding needs an even d_model (a sine and a cosine "
             f"per frequency), got {c.d_model}; use an even d_model or "
@@ -218,7 +226,8 @@ def _check_choices(c: TransformerConfig) -> None:
         raise ValueError(
             f"activation must be one of {sorted(ACTIVATIONS)}, got {c.activation!r}."
         )
-    for name in ("norm_first", "share_embeddings", "tie_output"):
+    bools = ("norm_first", "share_embeddings", "tie_output", "scale_embeddings")
+    for name in (*bools, "output_bias"):
         if not isinstance(getattr(c, name), bool):
             raise ValueError(f"{name} must be True or False, got {getattr(c, name)!r}.")
     if c.final_norm is not None and not isinstance(c.final_norm, bool):
@@ -251,11 +260,10 @@ def _check_ids(c: TransformerConfig) -> None:
             raise ValueError(
                 f"{name} must be a token id of {where}, in [0, {limit}), got {value!r}."
             )
-    if c.pad_id in (c.bos_id, c.eos_id):
+    if c.pad_id == c.eos_id:
         raise ValueError(
-            f"pad_id={c.pad_id} equals bos_id={c.bos_id} or "
-            f"eos_id={c.eos_id}: the padding mask would hide every start or "
-            "end token. Give padding its own id."
+            f"pad_id={c.pad_id} equals eos_id={c.eos_id}: the padding mask would "
+            "hide every end token. Give padding its own id."
         )
 
 
@@ -297,15 +305,16 @@ class Transformer(nn.Module):
         super().__init__()
         self._check_config(config)
         c = self.config = config
-        self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, pad_id=c.pad_id)
-        self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, c.d_model, pad_id=c.pad_id)
-        if c.positional == "sinusoidal":
-            self.positional = SinusoidalPositionalEncoding(
-                c.d_model, c.max_len, dropout=c.dropout
-            )
-        else:
+        embed = dict(d_model=c.d_model, pad_id=c.pad_id, scaled=c.scale_embeddings)
+        self.src_embed = TokenEmbedding(c.src_vocab_size, **embed)
+        self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, **embed)
+        if c.positional == "learned":
             self.positional = LearnedPositionalEmbedding(
                 c.max_len, c.d_model, dropout=c.dropout
+            )
+        else:  # "table" keeps the table in the state_dict
+            self.positional = SinusoidalPositionalEncoding(
+                c.d_model, c.max_len, c.dropout, stored=c.positional == "table"
             )
         stack = dict(
             d_model=c.d_model,
@@ -319,7 +328,7 @@ class Transformer(nn.Module):
         )
         self.encoder = Encoder(c.n_encoder_layers, **stack)
         self.decoder = Decoder(c.n_decoder_layers, **stack)
-        self.head = PredictionHead(c.d_model, c.tgt_vocab_size)
+        self.head = PredictionHead(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
         self._share_matrices()
         self.reset_parameters()
 
@@ -399,7 +408,9 @@ class Transformer(nn.Module):
         memory_mask = self._memory_mask(src, memory, tgt)  # [batch, 1, 1, src_len]
         x = self._embed("tgt", tgt, offset)  # [batch, tgt_len, d_model]
         new = tgt.size(1)
-        if cache is None:  # causal AND padding: [batch, 1, tgt_len, tgt_len]
+        if cache is None and self.config.bos_id == self.config.pad_id:
+            self_mask = causal_mask(new, device=tgt.device)[None, None]  # [1, 1, t, t]
+        elif cache is None:  # causal AND padding: [batch, 1, tgt_len, tgt_len]
             self_mask = target_mask(tgt, self.config.pad_id)
         elif new == 1:
             self_mask = None  # the newest position may attend to every cached one

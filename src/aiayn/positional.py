@@ -76,17 +76,28 @@ class SinusoidalPositionalEncoding(nn.Module):
         d_model: width of the embeddings; must be even.
         max_len: number of positions in the table; longer sequences are an error.
         dropout: dropout probability on the sum (the paper's base model uses 0.1).
+        stored: keep the table in the state_dict, so that loading weights can
+            replace it by another fixed table (a model trained elsewhere with other
+            frequencies or another layout, chapter 20); it starts as the sinusoids.
     """
 
-    pe: Tensor  # the table, a non-persistent buffer: [max_len, d_model]
+    pe: Tensor  # the table, a buffer: [max_len, d_model]
 
-    def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        max_len: int = 5000,
+        dropout: float = 0.0,
+        stored: bool = False,
+    ) -> None:
         super().__init__()
         _check_sizes(d_model, max_len, dropout)
         self.d_model, self.max_len = d_model, max_len
         # A buffer follows .to(device) and .half() but is not trained; being a function
-        # of (max_len, d_model), it is left out of the state_dict.
-        self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+        # of (max_len, d_model), it is left out of the state_dict unless stored.
+        self.register_buffer(
+            "pe", sinusoidal_table(max_len, d_model), persistent=stored
+        )
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:

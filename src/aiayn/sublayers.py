@@ -23,7 +23,11 @@ __all__ = [
 
 
 # Chapter 6, "The position-wise feed-forward network"
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "silu": F.silu,
+}
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -34,7 +38,7 @@ class PositionwiseFeedForward(nn.Module):
         d_ff: number of hidden units (2048 in the base model).
         dropout: dropout rate on the hidden units, as in
             torch.nn.TransformerEncoderLayer (the paper applies none there).
-        activation: "relu" (the paper) or "gelu".
+        activation: "relu" (the paper), "gelu" or "silu".
 
     Attributes:
         w_1: the nn.Linear(d_model, d_ff) holding W_1 (as its weight, transposed)

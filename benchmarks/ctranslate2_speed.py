@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""The shipped model translated by the book's decoding and by CTranslate2, side by side.
+
+Four engines translate the same test sentences with greedy search and with beam
+search (4 beams), one CPU thread each:
+
+- the book's `translate` (chapter 15), eager PyTorch;
+- the same under `torch.compile` (inductor with `freezing`), encoder and decoder
+  compiled with dynamic shapes; the compilation runs once before the timing;
+- CTranslate2 with the model exported in float32 by `aiayn.production`;
+- CTranslate2 with the model exported with int8 weights.
+
+The engines run in turn, repetition after repetition, so that a machine that
+speeds up or slows down affects them alike; each row reports the median time of
+the repetitions, its spread (min-max), the ratio to the book's eager median, and
+the BLEU of the output (sacreBLEU, as chapter 16 scores). The greedy outputs of the
+float32 export must equal the book's; the script says how many do.
+
+    python benchmarks/ctranslate2_speed.py --data-dir DIR --out benchmarks/results/x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from aiayn.data import corpus_bleu, load_multi30k, pretrained
+from aiayn.decoding import translate
+from aiayn.production import CTranslate2Model, export_ctranslate2
+
+
+def book_engine(model, tokenizer, batch_size):
+    def run(texts, method):
+        with torch.no_grad():
+            return translate(model, tokenizer, texts, method=method, batch_size=batch_size)
+
+    return run
+
+
+def compiled_book_engine(tokenizer, batch_size):
+    import torch._inductor.config as inductor
+
+    inductor.freezing = True  # weights become constants of the compiled graphs
+    model, _ = pretrained("multi30k-de-en")
+    model.encode = torch.compile(model.encode, dynamic=True)
+    model.decode = torch.compile(model.decode, dynamic=True)
+    return book_engine(model, tokenizer, batch_size)
+
+
+def ct2_engine(directory, tokenizer, batch_size):
+    engine = CTranslate2Model(directory, tokenizer, threads=1)
+
+    def run(texts, method):
+        return engine.translate(texts, method=method, batch_size=batch_size)
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", default=None, help="the Multi30k folder")
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--out", type=Path, default=None, help="write the record here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    pairs = load_multi30k("test2016", "de-en", args.data_dir)[: args.sentences]
+    model, tokenizer = pretrained("multi30k-de-en")
+    # sorted by length, as chapter 16's evaluate_bleu batches them: less padding
+    pairs = sorted(pairs, key=lambda pair: len(tokenizer.encode(pair[0])))
+    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+    folder = Path(tempfile.mkdtemp())
+    export_ctranslate2(model, tokenizer, folder / "float32")
+    export_ctranslate2(model, tokenizer, folder / "int8", quantization="int8")
+
+    engines = {
+        "book, eager": book_engine(model, tokenizer, args.batch_size),
+        "book, torch.compile": compiled_book_engine(tokenizer, args.batch_size),
+        "CTranslate2, float32": ct2_engine(folder / "float32", tokenizer, args.batch_size),
+        "CTranslate2, int8": ct2_engine(folder / "int8", tokenizer, args.batch_size),
+    }
+    searches = {"greedy": "greedy", "beam 4": "beam"}
+    start = time.perf_counter()
+    for name, run in engines.items():  # warm-up; compiles the compiled engine
+        for method in searches.values():
+            run(sources, method)
+    warmup = time.perf_counter() - start
+    times = {(e, s): [] for e in engines for s in searches}
+    outputs = {}
+    for _ in range(args.reps):
+        for search, method in searches.items():
+            for name, run in engines.items():
+                t = time.perf_counter()
+                outputs[name, search] = run(sources, method)
+                times[name, search].append(time.perf_counter() - t)
+
+    rows = []
+    for search in searches:
+        base = statistics.median(times["book, eager", search])
+        for name in engines:
+            ts = times[name, search]
+            bleu, signature = corpus_bleu(outputs[name, search], references)
+            same = sum(
+                a == b
+                for a, b in zip(outputs[name, search], outputs["book, eager", search])
+            )
+            rows.append(
+                dict(
+                    search=search,
+                    engine=name,
+                    seconds=round(statistics.median(ts), 3),
+                    spread=f"{min(ts):.2f}-{max(ts):.2f} s",
+                    ratio=round(statistics.median(ts) / base, 3),
+                    bleu=round(bleu, 2),
+                    same_as_book=same,
+                )
+            )
+            print(
+                f"{search:7s} {name:22s} {rows[-1]['seconds']:7.2f} s "
+                f"({rows[-1]['spread']}) {rows[-1]['ratio']:.2f}x  BLEU {bleu:.2f}"
+                f"  same as the book: {same}/{len(sources)}"
+            )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    record = dict(
+        command="python benchmarks/ctranslate2_speed.py " + " ".join(sys.argv[1:]),
+        commit=commit,
+        date=str(date.today()),
+        machine=f"{platform.processor() or platform.machine()}, 1 thread per engine",
+        torch=torch.__version__,
+        ctranslate2=__import__("ctranslate2").__version__,
+        sentences=len(sources),
+        reps=args.reps,
+        warmup_seconds=round(warmup, 1),
+        signature=signature,
+        rows=rows,
+    )
+    if args.out:
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
