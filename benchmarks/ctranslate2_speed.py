@@ -16,13 +16,16 @@ the repetitions, its spread (min-max), the ratio to the book's eager median, and
 the BLEU of the output (sacreBLEU, as chapter 16 scores). The greedy outputs of the
 float32 export must equal the book's; the script says how many do.
 
-    python benchmarks/ctranslate2_speed.py --data-dir DIR --out benchmarks/results/x.json
+    python benchmarks/ctranslate2_speed.py --out benchmarks/results/ctranslate2-speed.json
+
+Multi30k is read from $AIAYN_MULTI30K_DIR (or downloaded), or from --data-dir.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -37,6 +40,17 @@ import torch
 from aiayn.data import corpus_bleu, load_multi30k, pretrained
 from aiayn.decoding import translate
 from aiayn.production import CTranslate2Model, export_ctranslate2
+
+
+def cpu_name() -> str:
+    """The processor's model name, as Linux reports it (else the platform's)."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def book_engine(model, tokenizer, batch_size):
@@ -73,6 +87,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--out", type=Path, default=None, help="write the record here")
+    parser.add_argument("--note", default="", help="what else ran on the machine")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -139,7 +154,8 @@ def main() -> None:
         command="python benchmarks/ctranslate2_speed.py " + " ".join(sys.argv[1:]),
         commit=commit,
         date=str(date.today()),
-        machine=f"{platform.processor() or platform.machine()}, 1 thread per engine",
+        machine=f"{cpu_name()}, {os.cpu_count()} cores, 1 thread per engine",
+        note=args.note,
         torch=torch.__version__,
         ctranslate2=__import__("ctranslate2").__version__,
         sentences=len(sources),
