@@ -1,4 +1,4 @@
-"""Tests of `python -m aiayn bleu` (chapter 19): its options are checked before any work."""
+"""Tests of `python -m aiayn bleu` (chapter 20): its options are checked before any work."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chapter 20: Hugging Face models into the book's Transformer, its models out to CTranslate2.
+"""Chapter 19: Hugging Face models into the book's Transformer, its models out to CTranslate2.
 
 Every Hugging Face model here is made from its family's config class with random
 weights, saved with save_pretrained and loaded back from the folder: no network.
@@ -29,11 +29,11 @@ from transformers import (  # noqa: E402
 from aiayn import Transformer, TransformerConfig  # noqa: E402
 from aiayn.data import load_multi30k, pretrained  # noqa: E402
 from aiayn.decoding import beam_search, greedy_search, translate  # noqa: E402
+from aiayn.cli import export_main  # noqa: E402
 from aiayn.production import (  # noqa: E402
     CTranslate2Model,
     config_from_huggingface,
     export_ctranslate2,
-    export_main,
     from_huggingface,
     load_huggingface,
 )
@@ -387,19 +387,21 @@ def test_export_command(shipped: tuple, tmp_path: Path, capsys: Any) -> None:
     keep = tmp_path / "notes"
     keep.mkdir()
     (keep / "notes.txt").write_text("keep me")
-    with pytest.raises(SystemExit):
-        export_main(["--ctranslate2", str(keep), "--pretrained", "multi30k-de-en"])
+    assert export_main(["--ctranslate2", str(keep), "--pretrained", "multi30k-de-en"]) == 2
     assert "holds files that are not a CTranslate2 model" in capsys.readouterr().err
     assert (keep / "notes.txt").read_text() == "keep me"
 
     bare = tmp_path / "bare.pt"
     shipped[0].save(bare)  # a checkpoint of the model alone
-    with pytest.raises(SystemExit):
-        export_main(["--ctranslate2", str(tmp_path / "x"), "--checkpoint", str(bare)])
+    args = ["--ctranslate2", str(tmp_path / "x"), "--checkpoint", str(bare)]
+    assert export_main(args) == 2
     assert "holds no tokenizer" in capsys.readouterr().err
+    missing = tmp_path / "no-such-model"  # not shipped: read as a Hugging Face folder
+    assert export_main(["--ctranslate2", str(tmp_path / "y"), "--pretrained", str(missing)]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
     with pytest.raises(SystemExit):
         export_main(["--ctranslate2", str(tmp_path / "x")])
-    assert "one of the arguments --pretrained --checkpoint is required" in (
+    assert "one of the arguments --checkpoint --pretrained is required" in (
         capsys.readouterr().err
     )
 

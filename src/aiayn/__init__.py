@@ -20,8 +20,8 @@ Each module is the code of one chapter:
     aiayn.decoding    chapter 15, book/15_decoding.md
     aiayn.data        chapter 16, book/16_translation.md
     aiayn.viz         chapter 17, book/17_inside_attention.md
-    aiayn.cli         chapter 19, book/19_command_line.md
-    aiayn.production  chapter 20, book/20_production.md
+    aiayn.production  chapter 19, book/19_production.md
+    aiayn.cli         chapter 20, book/20_command_line.md
 """
 
 from importlib.metadata import PackageNotFoundError, version

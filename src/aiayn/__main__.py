@@ -10,14 +10,10 @@ BOOK_URL = "https://literate-transformer.github.io/aiayn"
 
 # command -> (module, function, the chapter of the book that explains it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "train": ("aiayn.cli", "train_main", ("chapter 19, The command line")),
-    "translate": ("aiayn.cli", "translate_main", ("chapter 19, The command line")),
-    "bleu": ("aiayn.cli", "bleu_main", ("chapter 19, The command line")),
-    "export": (
-        "aiayn.production",
-        "export_main",
-        ("chapter 20, From the book to production"),
-    ),
+    "train": ("aiayn.cli", "train_main", ("chapter 20, The command line")),
+    "translate": ("aiayn.cli", "translate_main", ("chapter 20, The command line")),
+    "bleu": ("aiayn.cli", "bleu_main", ("chapter 20, The command line")),
+    "export": ("aiayn.cli", "export_main", ("chapter 20, The command line")),
 }
 
 

@@ -163,7 +163,7 @@ def _allowed(logits: Tensor, model: Transformer, length: int, min_len: int) -> T
     """Logits [n, V], -inf for the tokens barred after `length` tokens (chapter 15).
 
     Padding and the start token are never generated (unless the start token is the
-    end token, as in fairseq's models, chapter 20); the end token not before min_len.
+    end token, as in fairseq's models, chapter 19); the end token not before min_len.
     """
     c = model.config
     start = [c.bos_id] if c.bos_id != c.eos_id else []

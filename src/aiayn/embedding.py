@@ -32,7 +32,7 @@ class TokenEmbedding(nn.Module):
         pad_id: id of the padding token, or None. Like nn.Embedding's padding_idx:
             its row starts at zero and the lookup sends it no gradient.
         scaled: multiply the rows by sqrt(d_model), as the paper does; False
-            leaves them as they are (some models trained elsewhere, chapter 20).
+            leaves them as they are (some models trained elsewhere, chapter 19).
 
     Attributes:
         weight: the table E, an nn.Parameter [vocab_size, d_model]; tie_weights

@@ -74,7 +74,7 @@ class TransformerConfig:
         final_norm: a LayerNorm after each stack; None means exactly when norm_first.
         positional: "sinusoidal" (the paper), "learned" (its Table 3, row E) or
             "table": a fixed table kept with the weights, which may replace the
-            sinusoids by another fixed table (chapter 20).
+            sinusoids by another fixed table (chapter 19).
         max_len: rows of the positional table: the longest sequence accepted.
         share_embeddings: one matrix for the source and target embeddings; needs
             one vocabulary for both (the paper's shared byte-pair vocabulary).
@@ -82,7 +82,7 @@ class TransformerConfig:
         scale_embeddings: embeddings times sqrt(d_model), as in the paper.
         output_bias: a bias per token added to the logits; the paper has none.
         pad_id, bos_id, eos_id: ids of the padding, start and end tokens; the
-            start may be the padding (chapter 20), never the end.
+            start may be the padding (chapter 19), never the end.
         eps: the epsilon of every LayerNorm.
     """
 

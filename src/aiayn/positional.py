@@ -78,7 +78,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         dropout: dropout probability on the sum (the paper's base model uses 0.1).
         stored: keep the table in the state_dict, so that loading weights can
             replace it by another fixed table (a model trained elsewhere with other
-            frequencies or another layout, chapter 20); it starts as the sinusoids.
+            frequencies or another layout, chapter 19); it starts as the sinusoids.
     """
 
     pe: Tensor  # the table, a buffer: [max_len, d_model]
