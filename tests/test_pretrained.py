@@ -93,17 +93,24 @@ def test_wrong_bytes_unknown_names_and_no_network_are_clear_errors(shipped, tmp_
 
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "results" / "multi30k-de-en"
+SHIPPED_NAMES = ["multi30k-de-en", "multi30k-en-de"]
 
 
-def test_the_shipped_model_is_found_in_the_checkout_and_matches_its_record(monkeypatch, tmp_path):
+def test_every_shipped_model_is_in_the_checkout() -> None:
+    assert sorted(data.PRETRAINED) == sorted(SHIPPED_NAMES)
+    assert sorted(data.PRETRAINED_SCOPE) == sorted(SHIPPED_NAMES)
+
+
+@pytest.mark.parametrize("name", SHIPPED_NAMES)
+def test_the_shipped_model_is_found_in_the_checkout_and_matches_its_record(name, monkeypatch, tmp_path):
+    shipped = ROOT / "results" / name
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    record = json.loads((SHIPPED / "scores.json").read_text())
-    for file, digest in data.PRETRAINED["multi30k-de-en"].items():
-        assert pretrained_file("multi30k-de-en", file) == SHIPPED / file  # no download: the digest matches
-        assert sha256_file(SHIPPED / file) == digest
-    assert data.PRETRAINED["multi30k-de-en"]["model.pt"] == record["model_sha256"]
-    assert (SHIPPED / "model.pt").stat().st_size < 16 * 2**20
+    record = json.loads((shipped / "scores.json").read_text())
+    for file, digest in data.PRETRAINED[name].items():
+        assert pretrained_file(name, file) == shipped / file  # no download: the digest matches
+        assert sha256_file(shipped / file) == digest
+    assert data.PRETRAINED[name]["model.pt"] == record["model_sha256"]
+    assert (shipped / "model.pt").stat().st_size < 16 * 2**20
     assert not (tmp_path / "cache").exists()
 
 
@@ -123,13 +130,15 @@ def test_translate_pretrained_runs_and_names_unknown_models(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        "error: no shipped model is called 'multi30k-fr-en'; the models are ['multi30k-de-en']."
+        "error: no shipped model is called 'multi30k-fr-en'; the models are ['multi30k-de-en', 'multi30k-en-de']."
     )
 
 
-def test_the_model_card_states_the_recorded_scores_and_reproducible_examples():
-    card = (SHIPPED / "README.md").read_text(encoding="utf-8")
-    record = json.loads((SHIPPED / "scores.json").read_text())
+@pytest.mark.parametrize("name", SHIPPED_NAMES)
+def test_the_model_card_states_the_recorded_scores_and_reproducible_examples(name):
+    shipped = ROOT / "results" / name
+    card = (shipped / "README.md").read_text(encoding="utf-8")
+    record = json.loads((shipped / "scores.json").read_text())
     for split, methods in record["scores"].items():
         for method, score in methods.items():
             how = "greedy" if method == "greedy" else "beam 4, alpha 0.6"
@@ -141,7 +150,8 @@ def test_the_model_card_states_the_recorded_scores_and_reproducible_examples():
     block = card.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
     sources, expected = block[0::2], [line.removeprefix("  -> ") for line in block[1::2]]
     assert len(sources) == len(expected) == 7 and all(line.startswith("  -> ") for line in block[1::2])
-    model, tokenizer = pretrained("multi30k-de-en")
+    assert "chapter 19" in card  # where a general-domain model comes from
+    model, tokenizer = pretrained(name)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the card was written
     try:
@@ -209,10 +219,28 @@ def test_an_unwritable_cache_and_a_damaged_copy_are_named(shipped, tmp_path, mon
         pretrained_file(NAME, base_url=str(tmp_path / "nowhere"))
 
 
-def test_translate_pretrained_says_what_the_model_can_translate():
+@pytest.mark.parametrize("name", SHIPPED_NAMES)
+def test_translate_pretrained_says_what_the_model_can_translate(name):
+    text = "Ein Hund." if name == "multi30k-de-en" else "A dog."
     done = subprocess.run(
-        [sys.executable, "-m", "aiayn", "translate", "--pretrained", "multi30k-de-en", "--greedy",
-         "Ein Hund."], capture_output=True, text=True, timeout=300)
+        [sys.executable, "-m", "aiayn", "translate", "--pretrained", name, "--greedy", text],
+        capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.strip() == f"note: multi30k-de-en {data.PRETRAINED_SCOPE['multi30k-de-en']}."
-    assert "image" in data.PRETRAINED_SCOPE["multi30k-de-en"] and "nonsense" in data.PRETRAINED_SCOPE["multi30k-de-en"]
+    assert done.stderr.strip() == f"note: {name} {data.PRETRAINED_SCOPE[name]}."  # said once
+    scope = data.PRETRAINED_SCOPE[name]
+    assert "image" in scope and "nonsense" in scope and "chapter 19" in scope
+
+
+def test_bleu_of_a_shipped_model_reads_its_own_direction(tmp_path):
+    """multi30k-en-de is scored on English sources against German references."""
+    from conftest import local_multi30k
+
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache"), "AIAYN_MULTI30K_DIR": str(local_multi30k())}
+    done = subprocess.run(
+        [sys.executable, "-m", "aiayn", "bleu", "--pretrained", "multi30k-en-de", "--limit", "50",
+         "--greedy", "--device", "cpu"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    score = float(done.stdout.split("BLEU ")[1].split()[0])
+    assert score > 20, done.stdout  # the wrong direction scores near 0

@@ -40,6 +40,8 @@ def test_ffn_matches_its_formula(activation: str) -> None:
     hidden = x @ ffn.w_1.weight.T + ffn.w_1.bias
     if activation == "relu":
         hidden = torch.clamp(hidden, min=0)
+    elif activation == "silu":  # SiLU(z) = z sigmoid(z), "swish"
+        hidden = hidden / (1 + torch.exp(-hidden))
     else:  # GELU(z) = z Phi(z)
         hidden = hidden * 0.5 * (1 + torch.erf(hidden / math.sqrt(2)))
     expected = hidden @ ffn.w_2.weight.T + ffn.w_2.bias
@@ -50,7 +52,7 @@ def test_ffn_matches_its_formula(activation: str) -> None:
 
 def test_ffn_activations_differ_and_default_is_relu() -> None:
     assert PositionwiseFeedForward(8, 32).activation == "relu"
-    assert set(ACTIVATIONS) == {"relu", "gelu"}
+    assert set(ACTIVATIONS) == {"relu", "gelu", "silu"}
     torch.manual_seed(0)
     relu = PositionwiseFeedForward(8, 32)
     torch.manual_seed(0)

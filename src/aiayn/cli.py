@@ -817,7 +817,7 @@ def _translate_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--pretrained",
         metavar="NAME",
-        help="a model shipped with the package: multi30k-de-en (chapter 16)",
+        help=f"a model shipped with the package: {', '.join(PRETRAINED)} (chapter 16)",
     )
     how = parser.add_mutually_exclusive_group()
     how.add_argument(
@@ -851,7 +851,7 @@ def _bleu_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--pretrained",
         metavar="NAME",
-        help="a model shipped with the package: multi30k-de-en (chapter 16)",
+        help=f"a model shipped with the package: {', '.join(PRETRAINED)} (chapter 16)",
     )
     p.add_argument(
         "--split",
@@ -860,7 +860,9 @@ def _bleu_parser() -> argparse.ArgumentParser:
         help="default: test2016",
     )
     p.add_argument(
-        "--direction", choices=DIRECTIONS, default="de-en", help="default: de-en"
+        "--direction",
+        choices=DIRECTIONS,
+        help="default: a shipped model's own (multi30k-DIRECTION), else de-en",
     )
     p.add_argument(
         "--data-dir",
@@ -882,6 +884,15 @@ def _bleu_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--threads", type=int, help=THREADS_HELP)
     return p
+
+
+def _direction(args: argparse.Namespace) -> str:
+    """--direction, else the shipped model's (multi30k-en-de: en-de), else de-en."""
+    if args.direction is not None:
+        return args.direction
+    if args.pretrained is not None:
+        return args.pretrained.removeprefix("multi30k-")
+    return "de-en"
 
 
 def _at_least_one(text: str) -> int:
@@ -908,7 +919,7 @@ def bleu_main(argv: Sequence[str] | None = None) -> int:
         device = pick_device(args.device)
         with _threads(device, args.threads):
             model, tokenizer = _load(path, device)
-            pairs = load_multi30k(args.split, args.direction, args.data_dir)
+            pairs = load_multi30k(args.split, _direction(args), args.data_dir)
             pairs = pairs[: args.limit] if args.limit is not None else pairs
             method = "greedy" if args.greedy else "beam"
             result = evaluate_bleu(

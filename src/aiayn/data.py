@@ -898,11 +898,32 @@ PRETRAINED = {  # name -> {file -> its SHA-256 digest}, the files of results/NAM
             "cca8d29c86eeb4e96ba7ae3f43a87b94697c53cf2165184baa9a3290a69051d0"
         ),
     },
+    "multi30k-en-de": {
+        "model.pt": "f8f25a37ea25cd3f37b2b22b2e422b5fe08327469a8ab6c3029b697c5cdd64b9",
+        "scores.json": (
+            "dace5d0cfbc720e77bfbdd64f67a0f4c1e0c9a8307c6301bd312dced29d48ec4"
+        ),
+        "tokenizer.json": (
+            "d7eea69167a17244dbcc4c10a5b9f1ead6a1970c8a8def5e35efc0244ab6533f"
+        ),
+        "runs/en-de-long-dropout01.log": (
+            "d8d95e9415c17075f90420b2c7f33e7389813499b6b01bade84e1c6350a74954"
+        ),
+        "runs/en-de-long-dropout01.metrics.jsonl.gz": (
+            "84e7befef1009fb1e2e663ddfac36ba2bb04003cecbe3d1f6b9125cf1d727695"
+        ),
+    },
 }
 PRETRAINED_SCOPE = {  # name -> what it was trained on, and so what it can translate
     "multi30k-de-en": (
         "translates Multi30k's short German descriptions of images; other German "
-        "(news, dialogue, long sentences) comes out as fluent English nonsense"
+        "(news, dialogue, long sentences) comes out as fluent English nonsense. "
+        "For general text, chapter 19 loads a production model into the package"
+    ),
+    "multi30k-en-de": (
+        "translates Multi30k's short English descriptions of images; other English "
+        "(news, dialogue, long sentences) comes out as fluent German nonsense. "
+        "For general text, chapter 19 loads a production model into the package"
     ),
 }
 
