@@ -81,6 +81,16 @@ def test_wheel_holds_every_exported_module_and_imports(tmp_path: Path) -> None:
     )
     assert result.returncode == 0 and "dog" in result.stdout, result.stderr
     assert (tmp_path / "cache" / "pretrained" / "multi30k-de-en" / "model.pt").is_file()
+    result = subprocess.run(  # and the paper's direction, in two lines of Python
+        [sys.executable, "-c", "from aiayn.data import pretrained; from aiayn.decoding import "
+         "translate; m, t = pretrained('multi30k-en-de'); print(translate(m, t, ['A dog runs.']))"],
+        cwd=tmp_path,
+        env=installed,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0 and "Hund" in result.stdout, result.stderr
+    assert (tmp_path / "cache" / "pretrained" / "multi30k-en-de" / "model.pt").is_file()
 
 
 def test_readme_examples_run(tmp_path: Path) -> None:

@@ -435,7 +435,7 @@ class CTranslate2Model:
         alpha: float = 0.6,
         batch_size: int = 64,
     ) -> list[str]:
-        """Translations of texts; beams rank by log P / |Y|^alpha in CTranslate2."""
+        """Translations of texts; CTranslate2 ranks beams by log P / length ** alpha."""
         beams = 1 if method == "greedy" else beam_size
         sources = [
             [self.source_tokens[i] for i in self.tokenizer.encode(t)] for t in texts
