@@ -72,6 +72,7 @@ from aiayn.train import (
 
 __all__ = [
     "BOOK_URL",
+    "CHECKPOINT_HELP",
     "Experiment",
     "PRESETS",
     "Preset",
@@ -795,6 +796,25 @@ _NUMBER_OPTIONS = (  # flag, type, default, help
 )
 
 
+CHECKPOINT_HELP = "a checkpoint with its tokenizer, or a directory holding last.pt"
+
+
+def _model_options(
+    p: argparse.ArgumentParser,
+    checkpoint_help: str = CHECKPOINT_HELP,
+    pretrained_help: str | None = None,
+) -> None:
+    """--checkpoint or --pretrained, exactly one: the model a command reads."""
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--checkpoint", help=checkpoint_help)
+    model.add_argument(
+        "--pretrained",
+        metavar="NAME",
+        help=pretrained_help
+        or f"a model shipped with the package: {', '.join(PRETRAINED)} (chapter 16)",
+    )
+
+
 def _translate_parser() -> argparse.ArgumentParser:
     """The options of `python -m aiayn translate` (chapter 20)."""
     parser = argparse.ArgumentParser(
@@ -808,16 +828,9 @@ def _translate_parser() -> argparse.ArgumentParser:
         nargs="*",
         help="texts to translate (default: the lines of standard input)",
     )
-    model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument(
-        "--checkpoint",
-        help="a checkpoint file with model and tokenizer, "
-        "or a directory holding last.pt",
-    )
-    model.add_argument(
-        "--pretrained",
-        metavar="NAME",
-        help=f"a model shipped with the package: {', '.join(PRETRAINED)} (chapter 16)",
+    _model_options(
+        parser,
+        "a checkpoint file with model and tokenizer, or a directory holding last.pt",
     )
     how = parser.add_mutually_exclusive_group()
     how.add_argument(
@@ -843,16 +856,7 @@ def _bleu_parser() -> argparse.ArgumentParser:
         description="Translate a Multi30k split with a checkpoint and print its "
         "sacreBLEU.",
     )
-    model = p.add_mutually_exclusive_group(required=True)
-    model.add_argument(
-        "--checkpoint",
-        help="a checkpoint with its tokenizer, or a directory holding last.pt",
-    )
-    model.add_argument(
-        "--pretrained",
-        metavar="NAME",
-        help=f"a model shipped with the package: {', '.join(PRETRAINED)} (chapter 16)",
-    )
+    _model_options(p)
     p.add_argument(
         "--split",
         choices=list(MULTI30K_SPLITS),
@@ -971,16 +975,10 @@ def _export_parser() -> argparse.ArgumentParser:
         required=True,
         help="write a CTranslate2 model into DIR (new, empty, or an earlier export)",
     )
-    model = p.add_mutually_exclusive_group(required=True)
-    model.add_argument(
-        "--checkpoint",
-        help="a checkpoint with its tokenizer, or a directory holding last.pt",
-    )
-    model.add_argument(
-        "--pretrained",
-        metavar="NAME",
-        help=f"a shipped model ({', '.join(PRETRAINED)}), or a Hugging Face "
-        "Marian or FSMT model: its folder, or its name on the hub",
+    _model_options(
+        p,
+        pretrained_help=f"a shipped model ({', '.join(PRETRAINED)}), or a Hugging "
+        "Face Marian or FSMT model: its folder, or its name on the hub",
     )
     p.add_argument(
         "--quantization", choices=QUANTIZATIONS, help="the weights' type (float32)"

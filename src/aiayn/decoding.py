@@ -34,6 +34,7 @@ __all__ = [
     "default_max_len",
     "greedy_search",
     "length_penalty",
+    "never_generated",
     "sample",
     "sampling_probs",
     "too_long_inputs",
@@ -159,15 +160,23 @@ def _check_min_len(min_len: object, limits: Tensor) -> None:
         )
 
 
+def never_generated(model: Transformer) -> list[int]:
+    """Padding and the start token, which decoding never writes (chapter 15).
+
+    The start token is written when it is also the end token, as in fairseq's
+    models (chapter 19); a start token that is the padding id is listed once.
+    """
+    c = model.config
+    return sorted({c.pad_id} | ({c.bos_id} if c.bos_id != c.eos_id else set()))
+
+
 def _allowed(logits: Tensor, model: Transformer, length: int, min_len: int) -> Tensor:
     """Logits [n, V], -inf for the tokens barred after `length` tokens (chapter 15).
 
-    Padding and the start token are never generated (unless the start token is the
-    end token, as in fairseq's models, chapter 19); the end token not before min_len.
+    never_generated(model) always; the end token before min_len tokens.
     """
     c = model.config
-    start = [c.bos_id] if c.bos_id != c.eos_id else []
-    banned = [c.pad_id, *start] + ([c.eos_id] if length < min_len else [])
+    banned = never_generated(model) + ([c.eos_id] if length < min_len else [])
     logits = logits.clone()  # [n, V]
     for token in banned:  # a fill per column: no index tensor to copy to the device
         logits[..., token] = float("-inf")

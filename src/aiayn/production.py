@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.decoding import never_generated
 from aiayn.model import Transformer, TransformerConfig
+from aiayn.viz import token_strings
 
 __all__ = [
     "CT2_ACTIVATIONS",
@@ -252,18 +254,13 @@ CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH"}
 
 
 def vocabulary(tokenizer: Any, size: int) -> list[str]:
-    """The strings of ids 0 .. size - 1 of a book or Hugging Face tokenizer."""
-    for source in (tokenizer, getattr(tokenizer, "tokenizer", None)):
-        if callable(getattr(source, "id_to_token", None)):
-            tokens = [source.id_to_token(i) for i in range(size)]
-            break
-    else:
+    """The strings of ids 0 .. size - 1, by chapter 17's token_strings; all distinct."""
+    tokens = token_strings(tokenizer, range(size))
+    if len(set(tokens)) != size:
         raise ValueError(
-            f"cannot list the tokens of {tokenizer!r}; export needs a "
-            "SubwordTokenizer (chapter 16) or a HuggingFaceTokenizer."
+            f"the tokenizer does not name each of its {size} ids once; export needs "
+            "a SubwordTokenizer (chapter 16) or a HuggingFaceTokenizer."
         )
-    if None in tokens or len(set(tokens)) != size:
-        raise ValueError(f"the tokenizer does not name each of its {size} ids once.")
     return tokens
 
 
@@ -378,7 +375,8 @@ def export_ctranslate2(
             "delete them. Give a new or empty folder."
         )
     size = max(model.config.src_vocab_size, model.config.tgt_vocab_size)
-    spec = ctranslate2_spec(model, vocabulary(tokenizer, size))
+    tokens = vocabulary(tokenizer, size)
+    spec = ctranslate2_spec(model, tokens)
 
     class BookConverter(ct2.converters.Converter):
         def _load(self) -> Any:
@@ -387,12 +385,8 @@ def export_ctranslate2(
     out = Path(
         BookConverter().convert(str(folder), quantization=quantization, force=True)
     )
-    c = model.config
-    banned = sorted({c.pad_id} | ({c.bos_id} if c.bos_id != c.eos_id else set()))
-    names = vocabulary(tokenizer, c.tgt_vocab_size)
-    decoding = {
-        "suppress_tokens": [names[i] for i in banned]
-    }  # as chapter 15 bars them
+    barred = [tokens[i] for i in never_generated(model)]  # as chapter 15 bars them
+    decoding = {"suppress_tokens": barred}
     (out / DECODING_FILE).write_text(json.dumps(decoding), encoding="utf-8")
     return out
 
