@@ -12,6 +12,7 @@ Debian's Chromium (driven by Playwright) and fails unless:
   and under its title one note saying which Colab runtime to choose: a GPU exactly
   when its notebook's metadata asks Colab for one (_ext/colab_runtime.py);
 - no page shows more than one search field;
+- no token string such as <s> or <pad> (in a caption, say) became an HTML element;
 - chapter 1 has both math and at least one chart;
 - on a 1400-pixel-wide page, no code block, output or chart scrolls sideways (its
   scrollWidth is at most its clientWidth), and every figure has a caption;
@@ -108,6 +109,8 @@ CHECK_PAGE = """async () => {
     uncaptioned: [...document.querySelectorAll('div.cell_output img')]
       .filter((img) => img.closest('figure') === null || img.closest('figure').querySelector('figcaption') === null)
       .length,
+    tokenTags: [...document.querySelectorAll('article s, article pad, article unk')]
+      .map((e) => e.tagName.toLowerCase() + ': ' + (e.textContent || '').slice(0, 50)),
     searches: [...document.querySelectorAll('input[type="search"], input[name="q"]')]
       .filter((e) => e.offsetParent !== null).length,
     runtime: [...document.querySelectorAll('div.admonition p')].map((e) => e.innerText.trim())
@@ -186,6 +189,11 @@ def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
             if result["searches"] > 1:
                 failures.append(f"{name}: {result['searches']} search fields")
             failures += [f"{name}: scrolls sideways at 1400 px: {line!r}" for line in result["sideways"]]
+            if result["tokenTags"]:
+                failures.append(
+                    f"{name}: token strings read as HTML tags (write them as code): "
+                    f"{result['tokenTags'][:2]}"
+                )
             if result["uncaptioned"]:
                 failures.append(f"{name}: {result['uncaptioned']} figures without a caption")
             if result["altairUncaptioned"]:
