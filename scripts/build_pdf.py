@@ -11,9 +11,10 @@ altair chart has drawn, and prints it:
 - each chapter on a new page, numbered pages;
 - code and outputs wrapped at the margin, never cut (the book's code fits in 88
   columns, printed at 8.6 points on A4); figures scaled to the page;
-- folded cells stay folded as in the HTML (validation code, the exercises'
-  solutions): their outputs print, their code does not. The HTML book, or the
-  notebooks, show them.
+- folded cells stay folded as in the HTML (validation code): their outputs print,
+  their code does not;
+- the exercises' solutions move to a last appendix, "Solutions to the exercises",
+  opened, with a link from each exercise to its solution and back.
 
 Then the PDF is read back (pypdf) and checked: it has at least MIN_PAGES pages, every
 part and chapter title of _toc.yml is in its text, and it has an outline. The check
@@ -49,6 +50,7 @@ SOURCE = "book/intro.html"  # the root document: the whole book on one page
 # Its links (_static/, _images/) are relative to the builder's root folder, not to
 # book/: the page is printed from a copy there.
 PAGE = "book.html"
+SOLUTIONS = "Solutions to the exercises"
 MIN_PAGES = 300  # the book prints on about 400 A4 pages; fewer means content is missing
 
 # What the page gets before printing: the theme's own print styles hide the sidebars
@@ -76,6 +78,8 @@ div.cell_output, .output, .vega-embed, figure, img, svg { max-width: 100% !impor
 img { height: auto !important; }
 figure, .cell, table, .admonition { break-inside: avoid; }
 h2, h3, h4 { break-after: avoid; }
+details.hide > summary { display: none !important; }
+#book-solutions > p { break-after: avoid; }
 mjx-container[display="true"] { overflow: visible !important; }
 """
 
@@ -91,12 +95,56 @@ PREPARE = """async (meta) => {
   }
   const math = [...document.querySelectorAll('span.math, div.math')];
   const article = document.querySelector('article.bd-article') || document.body;
-  const chapters = [...article.querySelectorAll('section')].filter((s) => {
-    const h = s.querySelector(':scope > h2');
-    return h !== null && s.parentElement.closest('section') !== null;
-  });
   const plain = (t) => t.replace(/[\u2018\u2019]/g, "'").replace(/#$/, '').trim();
-  const byTitle = new Map(chapters.map((s) => [plain(s.querySelector(':scope > h2').innerText), s]));
+  const title = (s) => plain(s.querySelector(':scope > h2').innerText);
+  let chapters = [];
+  const findChapters = () => {
+    chapters = [...article.querySelectorAll('section')].filter((s) =>
+      s.querySelector(':scope > h2') !== null && s.parentElement.closest('section') !== null);
+  };
+  findChapters();
+  // The exercises' solutions move to an appendix, each opened, with a link both ways.
+  const solutions = document.createElement('section');
+  solutions.innerHTML = '<h2></h2>';
+  solutions.id = 'book-solutions';
+  solutions.querySelector('h2').textContent = meta.solutions;
+  let solved = 0, exercises = 0;
+  for (const chapter of chapters) {
+    const number = (meta.numbers[title(chapter)] || '') + '';
+    const section = [...chapter.querySelectorAll(':scope > section')]
+      .find((s) => s.querySelector(':scope > h3') && plain(s.querySelector(':scope > h3').innerText) === 'Exercises');
+    if (!section || !number) continue;
+    const heading = document.createElement('h3');
+    heading.textContent = number + '. ' + title(chapter);
+    solutions.appendChild(heading);
+    let current = null;
+    for (const node of [...section.children]) {
+      const opening = node.tagName === 'P' && node.querySelector(':scope > strong');
+      const m = opening && node.querySelector(':scope > strong').innerText.match(/^Exercise (\d+)/);
+      if (m) {
+        exercises += 1;
+        const id = 'solution-' + number + '-' + m[1];
+        node.id = 'exercise-' + number + '-' + m[1];
+        current = document.createElement('p');
+        current.innerHTML = '<strong></strong> <a>(the exercise)</a>';
+        current.id = id;
+        current.querySelector('strong').textContent = 'Exercise ' + number + '.' + m[1];
+        current.querySelector('a').href = '#' + node.id;
+        solutions.appendChild(current);
+        const link = document.createElement('a');
+        link.href = '#' + id;
+        link.textContent = ' (solution: appendix)';
+        node.appendChild(link);
+      } else if (current && node.matches('div.cell.tag_hide-cell')) {
+        node.querySelectorAll('details').forEach((d) => { d.open = true; });
+        solutions.appendChild(node);
+        solved += 1;
+      }
+    }
+  }
+  chapters[chapters.length - 1].parentElement.appendChild(solutions);
+  findChapters();
+  const byTitle = new Map(chapters.map((s) => [title(s), s]));
   const cover = document.createElement('div');
   cover.id = 'book-title';
   cover.innerHTML = '<h1></h1><p></p>';
@@ -135,6 +183,8 @@ PREPARE = """async (meta) => {
     charts: charts.length,
     drawn: charts.filter(drawn).length,
     chapters: article.querySelectorAll('.book-chapter').length,
+    exercises,
+    solved,
     missing,
   };
 }"""
@@ -161,7 +211,16 @@ def book_contents() -> dict:
                 }
             )
         parts.append({"caption": part["caption"], "chapters": pages})
-    return {"title": config["title"], "author": config["author"], "parts": parts}
+    # The PDF's own last appendix: the solutions, moved out of the chapters.
+    parts[-1]["chapters"].append({"title": SOLUTIONS, "number": None})
+    numbers = {c["title"]: c["number"] for p in parts for c in p["chapters"] if c["number"]}
+    return {
+        "title": config["title"],
+        "author": config["author"],
+        "parts": parts,
+        "solutions": SOLUTIONS,
+        "numbers": numbers,
+    }
 
 
 def page_title(name: str) -> str:
@@ -270,6 +329,10 @@ def main() -> int:
             )
         if found["drawn"] < found["charts"]:
             problems.append(f"{found['drawn']} of {found['charts']} charts drawn")
+        if found["solved"] < found["exercises"]:
+            problems.append(
+                f"{found['solved']} solutions for {found['exercises']} exercises"
+            )
         if found["missing"]:
             problems.append(f"chapters not found on the page: {found['missing']}")
         if found["outside"]:
@@ -279,7 +342,8 @@ def main() -> int:
             return 1
         print(
             f"printed {found['chapters']} chapters, {found['math']} formulas, "
-            f"{found['charts']} charts"
+            f"{found['charts']} charts, {found['exercises']} exercises with "
+            f"{found['solved']} solution cells"
         )
     failures = check_pdf(contents)
     if failures:

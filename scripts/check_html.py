@@ -11,6 +11,8 @@ Debian's Chromium (driven by Playwright) and fails unless:
 - every chapter page has a Colab launch link to its own notebook in the repository,
   and under its title one note saying which Colab runtime to choose: a GPU exactly
   when its notebook's metadata asks Colab for one (_ext/colab_runtime.py);
+- every chapter page has at least three exercises, each solution folded (closed) behind
+  'Show the solution';
 - no page shows more than one search field;
 - no token string such as <s> or <pad> (in a caption, say) became an HTML element;
 - chapter 1 has both math and at least one chart;
@@ -109,6 +111,13 @@ CHECK_PAGE = """async () => {
     uncaptioned: [...document.querySelectorAll('div.cell_output img')]
       .filter((img) => img.closest('figure') === null || img.closest('figure').querySelector('figcaption') === null)
       .length,
+    exercises: [...document.querySelectorAll('section#exercises p > strong')]
+      .filter((s) => /^Exercise \d+ /.test(s.innerText)).length,
+    solutions: [...document.querySelectorAll('section#exercises div.cell.tag_hide-cell')]
+      .map((c) => {
+        const d = c.querySelector('details');
+        return d !== null && !d.open && d.querySelector('summary').innerText.trim() === 'Show the solution';
+      }),
     tokenTags: [...document.querySelectorAll('article s, article pad, article unk')]
       .map((e) => e.tagName.toLowerCase() + ': ' + (e.textContent || '').slice(0, 50)),
     searches: [...document.querySelectorAll('input[type="search"], input[name="q"]')]
@@ -186,6 +195,13 @@ def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
                     failures.append(f"{name}: the Colab link points to {name}.ipynb, which does not exist")
                 else:
                     failures += runtime_failures(name, result["runtime"])
+                if result["exercises"] < 3 or len(result["solutions"]) < result["exercises"]:
+                    failures.append(
+                        f"{name}: {result['exercises']} exercises, "
+                        f"{len(result['solutions'])} solutions"
+                    )
+                if not all(result["solutions"]):
+                    failures.append(f"{name}: a solution is not folded behind 'Show the solution'")
             if result["searches"] > 1:
                 failures.append(f"{name}: {result['searches']} search fields")
             failures += [f"{name}: scrolls sideways at 1400 px: {line!r}" for line in result["sideways"]]
