@@ -120,7 +120,7 @@ PREPARE = """async (meta) => {
     let current = null;
     for (const node of [...section.children]) {
       const opening = node.tagName === 'P' && node.querySelector(':scope > strong');
-      const m = opening && node.querySelector(':scope > strong').innerText.match(/^Exercise (\d+)/);
+      const m = opening && node.querySelector(':scope > strong').innerText.match(/^Exercise (\\d+)/);
       if (m) {
         exercises += 1;
         const id = 'solution-' + number + '-' + m[1];

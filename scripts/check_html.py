@@ -112,7 +112,7 @@ CHECK_PAGE = """async () => {
       .filter((img) => img.closest('figure') === null || img.closest('figure').querySelector('figcaption') === null)
       .length,
     exercises: [...document.querySelectorAll('section#exercises p > strong')]
-      .filter((s) => /^Exercise \d+ /.test(s.innerText)).length,
+      .filter((s) => /^Exercise \\d+ /.test(s.innerText)).length,
     solutions: [...document.querySelectorAll('section#exercises div.cell.tag_hide-cell')]
       .map((c) => {
         const d = c.querySelector('details');
