@@ -5,12 +5,15 @@
         checkpoints/long-dropout01 checkpoints/long-dropout03
 
 Each RUN is a folder written by `python -m aiayn train --preset multi30k-...`. Its
-candidates are last.pt and averaged.pt (the mean of its last snapshots). Every
+candidates are last.pt and averaged.pt (the mean of all the snapshots it kept),
+and, for each K of `--average`, the mean of its last K snapshots. Every
 candidate is scored by greedy BLEU on the validation set (1,014 sentences), and
 only there; the best one is written to results/NAME/ in float16 with
-`aiayn.data.save_pretrained`. The shipped file is then loaded back the way users
-load it, and scored once on the validation set and on test2016, with greedy and
-beam search. results/NAME/ receives:
+`aiayn.data.save_pretrained`. With `--incumbent FILE` (the model shipped now),
+that file is a candidate too, and if it wins nothing is written: a new model
+ships only when it is better on the validation set. The shipped file is then
+loaded back the way users load it, and scored once on the validation set and on
+test2016, with greedy and beam search. results/NAME/ receives:
 
     model.pt, tokenizer.json   the shipped model (float16 weights) and its tokenizer
     scores.json                every candidate's validation BLEU, the choice, the
@@ -49,7 +52,7 @@ from aiayn.data import (
     sha256_file,
 )
 from aiayn.batching import load_checkpoint_model
-from aiayn.train import make_loader
+from aiayn.train import average_checkpoints, make_loader
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,6 +97,50 @@ def summarize(run: Path, pairs) -> dict:
     }
 
 
+def candidates(runs: list[Path], averages: list[int]) -> list[tuple[str, list[Path]]]:
+    """Each candidate's name and the checkpoint files whose mean it is.
+
+    A run offers last.pt and averaged.pt where they exist, and the mean of its last K
+    snapshots for each K in averages that it has K snapshots for.
+    """
+    found = []
+    for run in runs:
+        for file in ("last.pt", "averaged.pt"):
+            if (run / file).is_file():
+                found.append((str(run / file), [run / file]))
+            else:
+                print(f"{run / file}: missing, skipped", file=sys.stderr)
+        snapshots = sorted(run.glob("step_*.pt"))
+        for k in averages:
+            if len(snapshots) < k:
+                print(f"{run}: fewer than {k} snapshots, skipped", file=sys.stderr)
+                continue
+            last = snapshots[-k:]
+            found.append((f"{run}/mean of {last[0].stem}..{last[-1].stem} ({k})", last))
+    return found
+
+
+def choose(scored: list[dict], incumbent: str | None = None) -> dict | None:
+    """The candidate with the best validation BLEU; None if that is the incumbent.
+
+    A tie keeps the incumbent: a new model ships only when it is better.
+    """
+    best = max(scored, key=lambda c: c["valid_greedy_bleu"])
+    if incumbent is not None:
+        held = [c for c in scored if c["checkpoint"] == incumbent]
+        if held and held[0]["valid_greedy_bleu"] >= best["valid_greedy_bleu"]:
+            return None
+    return best
+
+
+def load_candidate(files: list[Path]):
+    """The model and tokenizer of one checkpoint, or of the mean of several."""
+    if len(files) == 1:
+        return load_checkpoint_model(files[0])
+    model, tokenizer = average_checkpoints(files)
+    return model.eval(), tokenizer
+
+
 def bleu(model, tokenizer, pairs, method: str) -> dict:
     """Corpus BLEU of one decoding method, with the time it took."""
     start = time.perf_counter()
@@ -116,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
     p.add_argument("--trained", nargs=3, metavar=("COMMIT", "DATE", "COMMAND"), action="append", default=[],
                    help="how a run was trained (repeat per run); recorded as given")
+    p.add_argument("--average", type=int, nargs="+", default=[], metavar="K",
+                   help="also offer the mean of each run's last K snapshots")
+    p.add_argument("--incumbent", type=Path, metavar="FILE",
+                   help="the model shipped now: a candidate that a new model must beat")
     p.add_argument("--limit", type=int, help="score only the first N sentences of each split (a smoke test)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -127,26 +178,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit:
         valid, test = valid[: args.limit], test[: args.limit]
 
-    candidates = []
-    for run in args.runs:
-        for file in ("last.pt", "averaged.pt"):
-            path = run / file
-            if not path.is_file():
-                print(f"{path}: missing, skipped", file=sys.stderr)
-                continue
-            model, tokenizer = load_checkpoint_model(path)
-            score = evaluate_bleu(model, tokenizer, valid, method="greedy").score
-            print(f"{path}: validation BLEU (greedy) {score:.2f}", flush=True)
-            candidates.append({"checkpoint": str(path), "valid_greedy_bleu": round(score, 2)})
-    if not candidates:
+    offered = candidates(args.runs, args.average)
+    if args.incumbent:
+        offered.append((str(args.incumbent), [args.incumbent]))
+    scored = []
+    for name, files in offered:
+        model, tokenizer = load_candidate(files)
+        score = evaluate_bleu(model, tokenizer, valid, method="greedy").score
+        print(f"{name}: validation BLEU (greedy) {score:.2f}", flush=True)
+        files = [str(f) for f in files]
+        scored.append({"checkpoint": name, "files": files, "valid_greedy_bleu": round(score, 2)})
+    if not scored:
         print("no checkpoint to choose from", file=sys.stderr)
         return 2
-    best = max(candidates, key=lambda c: c["valid_greedy_bleu"])
-    chosen = Path(best["checkpoint"])
-    print(f"chosen on validation: {chosen}", flush=True)
+    if args.incumbent:  # the shipped file, named by its digest: git keeps it after it is replaced
+        scored[-1]["sha256"] = sha256_file(args.incumbent)
+    best = choose(scored, str(args.incumbent) if args.incumbent else None)
+    if best is None:
+        print(f"{args.incumbent} is still the best on validation: nothing written")
+        return 1
+    print(f"chosen on validation: {best['checkpoint']}", flush=True)
 
     out = ROOT / "results" / args.name
-    model, tokenizer = load_checkpoint_model(chosen)
+    model, tokenizer = load_candidate([Path(f) for f in best["files"]])
     shipped = save_pretrained(model, tokenizer, out)
     model, tokenizer = load_checkpoint_model(shipped)  # as pretrained() loads it
     scores = {
@@ -167,12 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         log = run.with_name(run.name + ".log")
         if log.is_file():
             shutil.copy(log, runs / f"{run.name}.log")
-    saved = torch.load(chosen, map_location="cpu", weights_only=True)
+    saved = torch.load(best["files"][-1], map_location="cpu", weights_only=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     record = {
         "name": args.name,
         "chosen": best["checkpoint"],
-        "candidates": candidates,
+        "candidates": scored,
         "chosen_on": "greedy BLEU on the validation set (1,014 sentences)",
         "runs": summaries,
         "scores": scores,
