@@ -3,6 +3,8 @@
 
     python scripts/ship_pretrained.py --name multi30k-de-en \\
         checkpoints/long-dropout01 checkpoints/long-dropout03
+    python scripts/ship_pretrained.py checkpoints/study-de-en-dropout03-12k \\
+        --average 5 --incumbent results/multi30k-de-en/model.pt
 
 Each RUN is a folder written by `python -m aiayn train --preset multi30k-...`. Its
 candidates are last.pt and averaged.pt (the mean of all the snapshots it kept),

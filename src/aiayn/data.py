@@ -878,23 +878,38 @@ PRETRAINED_URL = (
 PRETRAINED_ENV = "AIAYN_PRETRAINED_URL"  # overrides PRETRAINED_URL
 PRETRAINED = {  # name -> {file -> its SHA-256 digest}, the files of results/NAME
     "multi30k-de-en": {
-        "model.pt": "d84155891461f27304b88a240d0845f69461a9803f8836cafeb58eb6064355aa",
+        "model.pt": "05e4ccc066764da5f97de07b02abb6a28e6b045316000a101848f14b39055944",
         "scores.json": (
-            "7cf90456ada5d242d0fa4cb40db2d35484cfcad3912d686da34ed4195dee19a6"
+            "0823e2c972730aa0e445c70e9360cf74be5c79a4ae6bc6325133f391fdf333e7"
         ),
         "tokenizer.json": (
             "d7eea69167a17244dbcc4c10a5b9f1ead6a1970c8a8def5e35efc0244ab6533f"
         ),
-        "runs/long-dropout01.log": (
+        "previous/scores.json": (
+            "7cf90456ada5d242d0fa4cb40db2d35484cfcad3912d686da34ed4195dee19a6"
+        ),
+        "runs/study-de-en-dropout03-12k.log": (
+            "3ce84c24aab71ee7e7f403e2b92ca92cc8e622c37787f6e0405159d061c8c272"
+        ),
+        "runs/study-de-en-dropout03-12k.metrics.jsonl.gz": (
+            "828df59f17e9f2fb91aa58f8f80dc013e6e113772e96c84865140f3c0b87c84e"
+        ),
+        "runs/study-de-en-dropout03-16k.log": (
+            "887179d2bcf2eac0bfe4daaf97411fc6c2227457078fecb8bd08203f860e5a83"
+        ),
+        "runs/study-de-en-dropout03-16k.metrics.jsonl.gz": (
+            "d6a410edafc9cac934804f9bcb99afcf4055679544902e8660b1dd3f3ec2cb38"
+        ),
+        "previous/runs/long-dropout01.log": (
             "2f6207ef7982e4216dc67a4b737595c90599c150847c8348db4ef757d0b0a23e"
         ),
-        "runs/long-dropout01.metrics.jsonl.gz": (
+        "previous/runs/long-dropout01.metrics.jsonl.gz": (
             "1c254903f050504f6cf7ff69ac2232bd71fa0acb3521662e4718866bc4d0f02f"
         ),
-        "runs/long-dropout03.log": (
+        "previous/runs/long-dropout03.log": (
             "3c6d30706c8d0fab889ca05c1dd8cc3f8db1b87d791b342b61c83c3044dfb3a1"
         ),
-        "runs/long-dropout03.metrics.jsonl.gz": (
+        "previous/runs/long-dropout03.metrics.jsonl.gz": (
             "cca8d29c86eeb4e96ba7ae3f43a87b94697c53cf2165184baa9a3290a69051d0"
         ),
     },
