@@ -57,6 +57,17 @@ def markdown(record: dict) -> str:
     return "\n".join(lines)
 
 
+def command(argv: list[str]) -> str:
+    """The command line as run, with the data directory named by its variable."""
+    words = list(argv)
+    for i, word in enumerate(words):
+        if word == "--data-dir" and i + 1 < len(words):
+            words[i + 1] = "$AIAYN_MULTI30K_DIR"
+        elif word.startswith("--data-dir="):
+            words[i] = "--data-dir=$AIAYN_MULTI30K_DIR"
+    return " ".join(["python scripts/decoding_grid.py", *words])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -139,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             "gain_over_paper": round(best["bleu"] - paper["bleu"], 2),
             "paired_bootstrap_p": p_value,
         },
-        "command": "python scripts/decoding_grid.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command(sys.argv[1:] if argv is None else argv),
         "commit": commit,
         "machine": f"{cpu_name()}, {args.threads} thread(s), torch {torch.__version__}",
         "date": datetime.date.today().isoformat(),

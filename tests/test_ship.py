@@ -38,3 +38,48 @@ def test_a_new_model_ships_only_when_it_beats_the_incumbent_on_validation():
     assert ship_pretrained.choose(better, shipped)["checkpoint"] == "a"
     assert ship_pretrained.choose(scored(("a", 40.9), (shipped, 41.0)), shipped) is None
     assert ship_pretrained.choose(scored(("a", 41.0), (shipped, 41.0)), shipped) is None  # a tie
+
+
+import decoding_grid  # noqa: E402
+
+
+def test_the_decoding_grid_picks_its_best_setting_and_breaks_ties_toward_less_search():
+    def row(beam, alpha, bleu):
+        return {"beam_size": beam, "alpha": alpha, "bleu": bleu}
+
+    grid = [row(4, 0.6, 43.0), row(8, 1.0, 43.5), row(6, 1.2, 43.5), row(6, 0.6, 43.5)]
+    assert decoding_grid.best_setting(grid) == row(6, 0.6, 43.5)
+    table = decoding_grid.markdown({"grid": grid}).splitlines()
+    assert table[0] == "| beam \\ alpha | 0.6 | 1 | 1.2 |"
+    assert table[2:] == ["| 4 | 43.00 |  |  |", "| 6 | 43.50 |  | 43.50 |", "| 8 |  | 43.50 |  |"]
+
+
+def test_each_recorded_decoding_grid_belongs_to_the_shipped_model_and_its_scores():
+    import json
+
+    from aiayn.data import sha256_file
+
+    records = sorted((ROOT / "results").glob("multi30k-*/decoding.json"))
+    assert records, "no decoding grid is recorded under results/"
+    for path in records:
+        record = json.loads(path.read_text())
+        folder = path.parent
+        scores = json.loads((folder / "scores.json").read_text())["scores"]["valid"]
+        assert record["model_sha256"] == sha256_file(folder / "model.pt"), path
+        assert record["greedy_bleu"] == scores["greedy"]["bleu"], path
+        assert record["paper_setting"]["bleu"] == scores["beam"]["bleu"], path
+        assert record["best_setting"]["bleu"] == max(r["bleu"] for r in record["grid"])
+        assert record["signature"] == scores["greedy"]["signature"]
+        card = (folder / "README.md").read_text()
+        assert decoding_grid.markdown(record) in card, f"{folder}/README.md lacks the grid"
+        assert record["command"] in card and "/" not in record["command"].split("--data-dir")[-1]
+
+
+def test_the_recorded_decoding_command_names_the_data_by_its_variable_not_its_path():
+    assert decoding_grid.command(["multi30k-de-en", "--data-dir", "/home/me/m30k"]) == (
+        "python scripts/decoding_grid.py multi30k-de-en --data-dir $AIAYN_MULTI30K_DIR"
+    )
+    assert decoding_grid.command(["multi30k-en-de", "--data-dir=/d", "--beams", "4"]) == (
+        "python scripts/decoding_grid.py multi30k-en-de --data-dir=$AIAYN_MULTI30K_DIR "
+        "--beams 4"
+    )
