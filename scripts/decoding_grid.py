@@ -27,9 +27,15 @@ from pathlib import Path
 import sacrebleu
 import torch
 from sacrebleu.significance import PairedTest
-
-from aiayn.data import evaluate_bleu, load_multi30k, pretrained, pretrained_file, sha256_file
 from ship_pretrained import cpu_name  # scripts/ is on sys.path when run as a script
+
+from aiayn.data import (
+    evaluate_bleu,
+    load_multi30k,
+    pretrained,
+    pretrained_file,
+    sha256_file,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = (4, 0.6)  # the paper's beam size and alpha (section 6.1)
@@ -38,7 +44,9 @@ PAPER = (4, 0.6)  # the paper's beam size and alpha (section 6.1)
 def best_setting(grid: list[dict]) -> dict:
     """The grid's highest BLEU; a tie goes to the smaller beam, then the smaller alpha."""
     if not grid:
-        raise ValueError("the grid is empty; give at least one beam size and one alpha.")
+        raise ValueError(
+            "the grid is empty; give at least one beam size and one alpha."
+        )
     return max(grid, key=lambda row: (row["bleu"], -row["beam_size"], -row["alpha"]))
 
 
@@ -78,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--alphas", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.8, 1.0, 1.2, 1.5]
     )
-    p.add_argument("--bootstrap", type=int, default=1000, help="resamples (default 1000)")
+    p.add_argument(
+        "--bootstrap", type=int, default=1000, help="resamples (default 1000)"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", help="default: results/NAME/decoding.json")
     args = p.parse_args(argv)
