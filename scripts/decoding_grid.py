@@ -42,7 +42,7 @@ PAPER = (4, 0.6)  # the paper's beam size and alpha (section 6.1)
 
 
 def best_setting(grid: list[dict]) -> dict:
-    """The grid's highest BLEU; a tie goes to the smaller beam, then the smaller alpha."""
+    """The highest BLEU of the grid; a tie goes to the smaller beam, then alpha."""
     if not grid:
         raise ValueError(
             "the grid is empty; give at least one beam size and one alpha."
