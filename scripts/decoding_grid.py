@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,9 @@ from pathlib import Path
 import sacrebleu
 import torch
 from sacrebleu.significance import PairedTest
-from ship_pretrained import cpu_name  # scripts/ is on sys.path when run as a script
+
+# scripts/ is on sys.path when this runs as a script
+from ship_pretrained import cpu_name, head_commit
 
 from aiayn.data import (
     evaluate_bleu,
@@ -131,14 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         ("paper", hypotheses[PAPER]),
         ("best", hypotheses[best["beam_size"], best["alpha"]]),
     ]
-    test = PairedTest(
-        named, {"BLEU": sacrebleu.metrics.BLEU()}, [references], "bs", args.bootstrap
-    )
+    test = PairedTest(named, {"BLEU": metric}, [references], "bs", args.bootstrap)
     _, stats = test()
     p_value = stats["BLEU"][1].p_value
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     record = {
         "name": args.name,
         "model_sha256": sha256_file(pretrained_file(args.name, "model.pt")),
@@ -161,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             "paired_bootstrap_p": p_value,
         },
         "command": command(sys.argv[1:] if argv is None else argv),
-        "commit": commit,
+        "commit": head_commit(),
         "machine": f"{cpu_name()}, {args.threads} thread(s), torch {torch.__version__}",
         "date": datetime.date.today().isoformat(),
         "seconds": round(time.perf_counter() - start, 1),

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 
 from aiayn import TransformerConfig
 from aiayn.data import BOOK_RECIPE, Multi30kRecipe, evaluate_bleu, load_multi30k, train_multi30k
-from ship_pretrained import cpu_name  # scripts/ is on sys.path when run as a script
+from ship_pretrained import cpu_name, head_commit  # scripts/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "recipe-study" / "study.jsonl"
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown variants {unknown}; the variants are {list(VARIANTS)}")
     torch.set_num_threads(1)
     valid = load_multi30k("valid", "de-en", args.data_dir)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = head_commit()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     for name in args.variants or list(VARIANTS):
         recipe = variant(VARIANTS[name])

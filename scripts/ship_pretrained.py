@@ -70,6 +70,12 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def head_commit() -> str:
+    """The commit the repository is at, as git names it."""
+    git = ["git", "rev-parse", "HEAD"]
+    return subprocess.run(git, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
 def summarize(run: Path, pairs) -> dict:
     """A run's name, dropout, last step, passes, validation BLEU by step, and wall time.
 
@@ -224,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         if log.is_file():
             shutil.copy(log, runs / f"{run.name}.log")
     saved = torch.load(best["files"][-1], map_location="cpu", weights_only=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = head_commit()
     record = {
         "name": args.name,
         "chosen": best["checkpoint"],

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import decoding_grid  # noqa: E402
 import ship_pretrained  # noqa: E402
+from aiayn.data import sha256_file  # noqa: E402
 
 
 def test_a_run_offers_last_averaged_and_the_mean_of_its_last_k_snapshots(tmp_path, capsys):
@@ -40,9 +43,6 @@ def test_a_new_model_ships_only_when_it_beats_the_incumbent_on_validation():
     assert ship_pretrained.choose(scored(("a", 41.0), (shipped, 41.0)), shipped) is None  # a tie
 
 
-import decoding_grid  # noqa: E402
-
-
 def test_the_decoding_grid_picks_its_best_setting_and_breaks_ties_toward_less_search():
     def row(beam, alpha, bleu):
         return {"beam_size": beam, "alpha": alpha, "bleu": bleu}
@@ -55,10 +55,6 @@ def test_the_decoding_grid_picks_its_best_setting_and_breaks_ties_toward_less_se
 
 
 def test_each_recorded_decoding_grid_belongs_to_the_shipped_model_and_its_scores():
-    import json
-
-    from aiayn.data import sha256_file
-
     records = sorted((ROOT / "results").glob("multi30k-*/decoding.json"))
     assert records, "no decoding grid is recorded under results/"
     for path in records:
