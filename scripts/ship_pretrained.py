@@ -12,10 +12,13 @@ and, for each K of `--average`, the mean of its last K snapshots. Every
 candidate is scored by greedy BLEU on the validation set (1,014 sentences), and
 only there; the best one is written to results/NAME/ in float16 with
 `aiayn.data.save_pretrained`. With `--incumbent FILE` (the model shipped now),
-that file is a candidate too, and if it wins nothing is written: a new model
-ships only when it is better on the validation set. The shipped file is then
-loaded back the way users load it, and scored once on the validation set and on
-test2016, with greedy and beam search. results/NAME/ receives:
+that file is a candidate too, and if it wins no model is written (a new model
+ships only when it is better on the validation set): the contest is appended to
+results/NAME/challengers/contests.json instead, with the runs' logs beside it
+in challengers/runs/, so that a study that changed nothing is on record too.
+A shipped file is loaded back the way users load it, and scored once on the
+validation set and on test2016, with greedy and beam search. results/NAME/
+receives:
 
     model.pt, tokenizer.json   the shipped model (float16 weights) and its tokenizer
     scores.json                every candidate's validation BLEU, the choice, the
@@ -35,7 +38,6 @@ import gzip
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -45,6 +47,7 @@ from pathlib import Path
 import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+from aiayn.batching import load_checkpoint_model
 from aiayn.data import (
     LONG_RECIPE,
     encode_text_pairs,
@@ -53,7 +56,6 @@ from aiayn.data import (
     save_pretrained,
     sha256_file,
 )
-from aiayn.batching import load_checkpoint_model
 from aiayn.train import average_checkpoints, make_loader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +79,7 @@ def head_commit() -> str:
 
 
 def summarize(run: Path, pairs) -> dict:
-    """A run's name, dropout, last step, passes, validation BLEU by step, and wall time.
+    """A run's settings, size, last step, passes, BLEU by step, and wall time.
 
     The wall time adds up the parts of a run (one per start or --resume): each part
     from the creation of its TensorBoard event file (the number in its name) to the
@@ -85,8 +87,14 @@ def summarize(run: Path, pairs) -> dict:
     """
     model, tokenizer = load_checkpoint_model(run / "last.pt")
     config = model.config.to_dict()
-    batches = len(make_loader(encode_text_pairs(tokenizer, pairs), tokenizer, LONG_RECIPE.max_tokens))
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    batches = len(
+        make_loader(
+            encode_text_pairs(tokenizer, pairs), tokenizer, LONG_RECIPE.max_tokens
+        )
+    )
+    rows = [
+        json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+    ]
     valid = [(r["step"], round(r["valid BLEU"], 2)) for r in rows if "valid BLEU" in r]
     parts = []
     for events in sorted((run / "tensorboard").glob("events.out.tfevents.*")):
@@ -97,6 +105,8 @@ def summarize(run: Path, pairs) -> dict:
     return {
         "name": run.name,
         "dropout": config["dropout"],
+        "vocab_size": config["tgt_vocab_size"],
+        "parameters": model.num_parameters(),
         "steps": steps,
         "passes": round(steps / batches, 2),
         "valid_greedy_bleu_by_step": valid,
@@ -162,20 +172,111 @@ def bleu(model, tokenizer, pairs, method: str) -> dict:
     }
 
 
+CHOSEN_ON = "greedy BLEU on the validation set (1,014 sentences)"
+
+
+def keep_logs(runs: list[Path], folder: Path, pairs) -> list[dict]:
+    """Each run's summary; its metrics (gzipped) and its printed log go to folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    for run in runs:
+        summaries.append(summarize(run, pairs))
+        metrics = (run / "metrics.jsonl").read_bytes()
+        (folder / f"{run.name}.metrics.jsonl.gz").write_bytes(
+            gzip.compress(metrics, mtime=0)
+        )
+        log = run.with_name(run.name + ".log")
+        if log.is_file():
+            shutil.copy(log, folder / f"{run.name}.log")
+    return summaries
+
+
+def record_contest(path: Path, contest: dict) -> Path:
+    """Append a contest the incumbent won to the JSON list at path.
+
+    A contest of the same runs replaces the one recorded before, so that scoring a
+    study again does not record it twice.
+    """
+    contests = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    runs = [r["name"] for r in contest["runs"]]
+    contests = [c for c in contests if [r["name"] for r in c["runs"]] != runs] + [
+        contest
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(contests, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def provenance(args, argv) -> dict:
+    """How the runs were trained and how they were scored, for a record."""
+    return {
+        "trained_by": {
+            "runs": [
+                {"commit": c, "date": d, "command": cmd} for c, d, cmd in args.trained
+            ],
+            "machine": f"{cpu_name()}, {platform.machine()}, {os.cpu_count()} cores, "
+            "one thread per run",
+        },
+        "scored_by": {
+            # the data directory is machine-specific: recorded as its variable
+            "command": "python scripts/ship_pretrained.py "
+            + " ".join(sys.argv[1:] if argv is None else argv).replace(
+                str(args.data_dir), "$AIAYN_MULTI30K_DIR"
+            ),
+            "commit": head_commit(),
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{cpu_name()}, {torch.get_num_threads()} thread(s), "
+            f"torch {torch.__version__}",
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", type=Path, help="run folders of `python -m aiayn train`")
-    p.add_argument("--direction", choices=["de-en", "en-de"], default="de-en", help="default: de-en")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "runs", nargs="+", type=Path, help="run folders of `python -m aiayn train`"
+    )
+    p.add_argument(
+        "--direction",
+        choices=["de-en", "en-de"],
+        default="de-en",
+        help="default: de-en",
+    )
     p.add_argument("--name", help="results/NAME (default: multi30k-DIRECTION)")
-    p.add_argument("--data-dir", help="the Multi30k directory (default: $AIAYN_MULTI30K_DIR, else the cache)")
+    p.add_argument(
+        "--data-dir",
+        help="the Multi30k directory (default: $AIAYN_MULTI30K_DIR, else the cache)",
+    )
     p.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
-    p.add_argument("--trained", nargs=3, metavar=("COMMIT", "DATE", "COMMAND"), action="append", default=[],
-                   help="how a run was trained (repeat per run); recorded as given")
-    p.add_argument("--average", type=int, nargs="+", default=[], metavar="K",
-                   help="also offer the mean of each run's last K snapshots")
-    p.add_argument("--incumbent", type=Path, metavar="FILE",
-                   help="the model shipped now: a candidate that a new model must beat")
-    p.add_argument("--limit", type=int, help="score only the first N sentences of each split (a smoke test)")
+    p.add_argument(
+        "--trained",
+        nargs=3,
+        metavar=("COMMIT", "DATE", "COMMAND"),
+        action="append",
+        default=[],
+        help="how a run was trained (repeat per run); recorded as given",
+    )
+    p.add_argument(
+        "--average",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="K",
+        help="also offer the mean of each run's last K snapshots",
+    )
+    p.add_argument(
+        "--incumbent",
+        type=Path,
+        metavar="FILE",
+        help="the model shipped now: a candidate that a new model must beat",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        help="score only the first N sentences of each split (a smoke test)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     direction = args.direction
@@ -195,69 +296,68 @@ def main(argv: list[str] | None = None) -> int:
         score = evaluate_bleu(model, tokenizer, valid, method="greedy").score
         print(f"{name}: validation BLEU (greedy) {score:.2f}", flush=True)
         files = [str(f) for f in files]
-        scored.append({"checkpoint": name, "files": files, "valid_greedy_bleu": round(score, 2)})
+        scored.append(
+            {"checkpoint": name, "files": files, "valid_greedy_bleu": round(score, 2)}
+        )
     if not scored:
         print("no checkpoint to choose from", file=sys.stderr)
         return 2
-    if args.incumbent:  # the shipped file, named by its digest: git keeps it after it is replaced
+    # the shipped file, named by its digest: git keeps it after it is replaced
+    if args.incumbent:
         scored[-1]["sha256"] = sha256_file(args.incumbent)
     best = choose(scored, str(args.incumbent) if args.incumbent else None)
+    out = ROOT / "results" / args.name
+    how = provenance(args, argv)
     if best is None:
-        print(f"{args.incumbent} is still the best on validation: nothing written")
+        contest = {
+            "incumbent": str(args.incumbent),
+            "candidates": scored,
+            "chosen_on": CHOSEN_ON,
+            "runs": keep_logs(args.runs, out / "challengers" / "runs", train),
+            **how,
+        }
+        path = record_contest(out / "challengers" / "contests.json", contest)
+        print(
+            f"{args.incumbent} is still the best on validation: no model written; "
+            f"the contest is recorded in {path.relative_to(ROOT)}"
+        )
         return 1
     print(f"chosen on validation: {best['checkpoint']}", flush=True)
 
-    out = ROOT / "results" / args.name
     model, tokenizer = load_candidate([Path(f) for f in best["files"]])
     shipped = save_pretrained(model, tokenizer, out)
     model, tokenizer = load_checkpoint_model(shipped)  # as pretrained() loads it
     scores = {
-        split: {method: bleu(model, tokenizer, pairs, method) for method in ("greedy", "beam")}
+        split: {
+            method: bleu(model, tokenizer, pairs, method)
+            for method in ("greedy", "beam")
+        }
         for split, pairs in (("valid", valid), ("test2016", test))
     }
     for split, methods in scores.items():
         for method, s in methods.items():
-            print(f"shipped model, {split}, {method}: BLEU {s['bleu']:.2f} ({s['signature']})")
+            print(
+                f"shipped model, {split}, {method}: "
+                f"BLEU {s['bleu']:.2f} ({s['signature']})"
+            )
 
-    runs = out / "runs"  # every candidate run's log: the engine's metrics and its output
-    runs.mkdir(exist_ok=True)
-    summaries = []
-    for run in args.runs:
-        summaries.append(summarize(run, train))
-        metrics = (run / "metrics.jsonl").read_bytes()
-        (runs / f"{run.name}.metrics.jsonl.gz").write_bytes(gzip.compress(metrics, mtime=0))
-        log = run.with_name(run.name + ".log")
-        if log.is_file():
-            shutil.copy(log, runs / f"{run.name}.log")
     saved = torch.load(best["files"][-1], map_location="cpu", weights_only=True)
-    commit = head_commit()
     record = {
         "name": args.name,
         "chosen": best["checkpoint"],
         "candidates": scored,
-        "chosen_on": "greedy BLEU on the validation set (1,014 sentences)",
-        "runs": summaries,
+        "chosen_on": CHOSEN_ON,
+        "runs": keep_logs(args.runs, out / "runs", train),
         "scores": scores,
         "parameters": model.num_parameters(),
         "config": saved["config"],
         "model_sha256": sha256_file(shipped),
         "model_bytes": shipped.stat().st_size,
-        "trained_by": {
-            "runs": [{"commit": c, "date": d, "command": cmd} for c, d, cmd in args.trained],
-            "machine": f"{cpu_name()}, {platform.machine()}, {os.cpu_count()} cores, one thread per run",
-        },
-        "scored_by": {
-            # the data directory is machine-specific: recorded as the variable that names it
-            "command": "python scripts/ship_pretrained.py "
-            + " ".join(sys.argv[1:] if argv is None else argv).replace(
-                str(args.data_dir), "$AIAYN_MULTI30K_DIR"
-            ),
-            "commit": commit,
-            "date": datetime.date.today().isoformat(),
-            "machine": f"{cpu_name()}, {torch.get_num_threads()} thread(s), torch {torch.__version__}",
-        },
+        **how,
     }
-    (out / "scores.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    (out / "scores.json").write_text(
+        json.dumps(record, indent=2) + "\n", encoding="utf-8"
+    )
     print(f"wrote {out}; model.pt: {record['model_bytes']:,} bytes")
     print("for chapter 16's _PRETRAINED_SHA256:")
     for path in sorted(p for p in out.rglob("*") if p.is_file()):

@@ -43,6 +43,36 @@ def test_a_new_model_ships_only_when_it_beats_the_incumbent_on_validation():
     assert ship_pretrained.choose(scored(("a", 41.0), (shipped, 41.0)), shipped) is None  # a tie
 
 
+def test_a_lost_contest_is_appended_once_per_set_of_runs(tmp_path):
+    def contest(runs, bleu):
+        return {"runs": [{"name": r} for r in runs], "candidates": [bleu]}
+
+    path = tmp_path / "challengers" / "contests.json"
+    ship_pretrained.record_contest(path, contest(["a"], 40.0))
+    ship_pretrained.record_contest(path, contest(["b", "c"], 41.0))
+    ship_pretrained.record_contest(path, contest(["a"], 40.5))  # the same study, scored again
+    recorded = json.loads(path.read_text())
+    assert recorded == [contest(["b", "c"], 41.0), contest(["a"], 40.5)]
+
+
+def test_each_recorded_contest_was_won_by_a_shipped_model_and_is_on_its_card():
+    for path in sorted((ROOT / "results").glob("multi30k-*/challengers/contests.json")):
+        folder = path.parents[1]
+        shipped = [json.loads((folder / "scores.json").read_text())]
+        shipped += [json.loads(p.read_text()) for p in folder.glob("previous/scores.json")]
+        card = (folder / "README.md").read_text()
+        for contest in json.loads(path.read_text()):
+            held, *others = sorted(
+                contest["candidates"], key=lambda c: c["checkpoint"] != contest["incumbent"]
+            )
+            assert held["checkpoint"] == contest["incumbent"], path
+            assert held["sha256"] in [s["model_sha256"] for s in shipped], path
+            assert all(c["valid_greedy_bleu"] <= held["valid_greedy_bleu"] for c in others)
+            for run in contest["runs"]:
+                assert (path.parent / "runs" / f"{run['name']}.metrics.jsonl.gz").is_file()
+                assert f"`{run['name']}`" in card, f"{folder}/README.md lacks {run['name']}"
+
+
 def test_the_decoding_grid_picks_its_best_setting_and_breaks_ties_toward_less_search():
     def row(beam, alpha, bleu):
         return {"beam_size": beam, "alpha": alpha, "bleu": bleu}
