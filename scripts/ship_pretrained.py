@@ -207,6 +207,37 @@ def record_contest(path: Path, contest: dict) -> Path:
     return path
 
 
+def study_markdown(runs: list[dict], candidates: list[dict]) -> str:
+    """A table of runs: each one's settings and the validation BLEU of what it offered.
+
+    A run offers its last snapshot (last.pt), the mean of the snapshots it kept
+    (averaged.pt, the last ten) and the mean of its last five.
+    """
+
+    def offered(run: str, suffix: str) -> str:
+        found = [
+            c["valid_greedy_bleu"]
+            for c in candidates
+            if f"/{run}/" in c["checkpoint"] and c["checkpoint"].endswith(suffix)
+        ]
+        return f"{found[0]:.2f}" if found else "–"
+
+    lines = [
+        "| run | vocabulary | parameters | steps | passes | last snapshot "
+        "| mean of the last 5 | mean of the last 10 | wall time |",
+        "|---" * 9 + "|",
+    ]
+    for run in runs:
+        name = run["name"]
+        lines.append(
+            f"| `{name}` | {run['vocab_size']:,} | {run['parameters'] / 1e6:.2f}M "
+            f"| {run['steps']:,} | {run['passes']:.0f} | {offered(name, 'last.pt')} "
+            f"| {offered(name, '(5)')} | {offered(name, 'averaged.pt')} "
+            f"| {run['wall_seconds'] / 3600:.1f} h |"
+        )
+    return "\n".join(lines)
+
+
 def provenance(args, argv) -> dict:
     """How the runs were trained and how they were scored, for a record."""
     return {

@@ -14,10 +14,16 @@ import ship_pretrained  # noqa: E402
 from aiayn.data import sha256_file  # noqa: E402
 
 
-def test_a_run_offers_last_averaged_and_the_mean_of_its_last_k_snapshots(tmp_path, capsys):
+def test_a_run_offers_last_averaged_and_the_mean_of_its_last_k_snapshots(
+    tmp_path, capsys
+):
     run = tmp_path / "run"
     run.mkdir()
-    for name in ("last.pt", "averaged.pt", *(f"step_{s:08d}.pt" for s in (250, 500, 750))):
+    for name in (
+        "last.pt",
+        "averaged.pt",
+        *(f"step_{s:08d}.pt" for s in (250, 500, 750)),
+    ):
         (run / name).touch()
     offered = ship_pretrained.candidates([run], [2, 5])
     assert [name for name, _ in offered] == [
@@ -28,7 +34,9 @@ def test_a_run_offers_last_averaged_and_the_mean_of_its_last_k_snapshots(tmp_pat
     assert offered[2][1] == [run / "step_00000500.pt", run / "step_00000750.pt"]
     assert "fewer than 5 snapshots, skipped" in capsys.readouterr().err
     (run / "averaged.pt").unlink()
-    assert [name for name, _ in ship_pretrained.candidates([run], [])] == [f"{run}/last.pt"]
+    assert [name for name, _ in ship_pretrained.candidates([run], [])] == [
+        f"{run}/last.pt"
+    ]
 
 
 def test_a_new_model_ships_only_when_it_beats_the_incumbent_on_validation():
@@ -40,7 +48,9 @@ def test_a_new_model_ships_only_when_it_beats_the_incumbent_on_validation():
     better = scored(("a", 41.2), (shipped, 41.0))
     assert ship_pretrained.choose(better, shipped)["checkpoint"] == "a"
     assert ship_pretrained.choose(scored(("a", 40.9), (shipped, 41.0)), shipped) is None
-    assert ship_pretrained.choose(scored(("a", 41.0), (shipped, 41.0)), shipped) is None  # a tie
+    assert (
+        ship_pretrained.choose(scored(("a", 41.0), (shipped, 41.0)), shipped) is None
+    )  # a tie
 
 
 def test_a_lost_contest_is_appended_once_per_set_of_runs(tmp_path):
@@ -50,27 +60,62 @@ def test_a_lost_contest_is_appended_once_per_set_of_runs(tmp_path):
     path = tmp_path / "challengers" / "contests.json"
     ship_pretrained.record_contest(path, contest(["a"], 40.0))
     ship_pretrained.record_contest(path, contest(["b", "c"], 41.0))
-    ship_pretrained.record_contest(path, contest(["a"], 40.5))  # the same study, scored again
+    ship_pretrained.record_contest(
+        path, contest(["a"], 40.5)
+    )  # the same study, scored again
     recorded = json.loads(path.read_text())
     assert recorded == [contest(["b", "c"], 41.0), contest(["a"], 40.5)]
+
+
+def test_the_study_table_gives_each_run_the_scores_of_the_candidates_it_offered():
+    run = {
+        "name": "r",
+        "vocab_size": 10000,
+        "parameters": 8_090_624,
+        "steps": 12000,
+        "passes": 51.6,
+        "wall_seconds": 4.5 * 3600,
+    }
+    scored = [
+        {"checkpoint": "checkpoints/r/last.pt", "valid_greedy_bleu": 41.0},
+        {
+            "checkpoint": "checkpoints/r/mean of step_1..step_5 (5)",
+            "valid_greedy_bleu": 41.5,
+        },
+        {"checkpoint": "checkpoints/rr/averaged.pt", "valid_greedy_bleu": 40.0},
+    ]
+    rows = ship_pretrained.study_markdown([run], scored).splitlines()
+    assert (
+        rows[2] == "| `r` | 10,000 | 8.09M | 12,000 | 52 | 41.00 | 41.50 | – | 4.5 h |"
+    )
 
 
 def test_each_recorded_contest_was_won_by_a_shipped_model_and_is_on_its_card():
     for path in sorted((ROOT / "results").glob("multi30k-*/challengers/contests.json")):
         folder = path.parents[1]
         shipped = [json.loads((folder / "scores.json").read_text())]
-        shipped += [json.loads(p.read_text()) for p in folder.glob("previous/scores.json")]
+        shipped += [
+            json.loads(p.read_text()) for p in folder.glob("previous/scores.json")
+        ]
         card = (folder / "README.md").read_text()
         for contest in json.loads(path.read_text()):
             held, *others = sorted(
-                contest["candidates"], key=lambda c: c["checkpoint"] != contest["incumbent"]
+                contest["candidates"],
+                key=lambda c: c["checkpoint"] != contest["incumbent"],
             )
             assert held["checkpoint"] == contest["incumbent"], path
             assert held["sha256"] in [s["model_sha256"] for s in shipped], path
-            assert all(c["valid_greedy_bleu"] <= held["valid_greedy_bleu"] for c in others)
+            assert all(
+                c["valid_greedy_bleu"] <= held["valid_greedy_bleu"] for c in others
+            )
             for run in contest["runs"]:
-                assert (path.parent / "runs" / f"{run['name']}.metrics.jsonl.gz").is_file()
-                assert f"`{run['name']}`" in card, f"{folder}/README.md lacks {run['name']}"
+                assert (
+                    path.parent / "runs" / f"{run['name']}.metrics.jsonl.gz"
+                ).is_file()
+            table = ship_pretrained.study_markdown(
+                contest["runs"], contest["candidates"]
+            )
+            assert table in card, f"{folder}/README.md lacks the table of {path}"
 
 
 def test_the_decoding_grid_picks_its_best_setting_and_breaks_ties_toward_less_search():
@@ -81,7 +126,11 @@ def test_the_decoding_grid_picks_its_best_setting_and_breaks_ties_toward_less_se
     assert decoding_grid.best_setting(grid) == row(6, 0.6, 43.5)
     table = decoding_grid.markdown({"grid": grid}).splitlines()
     assert table[0] == "| beam \\ alpha | 0.6 | 1 | 1.2 |"
-    assert table[2:] == ["| 4 | 43.00 |  |  |", "| 6 | 43.50 |  | 43.50 |", "| 8 |  | 43.50 |  |"]
+    assert table[2:] == [
+        "| 4 | 43.00 |  |  |",
+        "| 6 | 43.50 |  | 43.50 |",
+        "| 8 |  | 43.50 |  |",
+    ]
 
 
 def test_each_recorded_decoding_grid_belongs_to_the_shipped_model_and_its_scores():
@@ -97,15 +146,22 @@ def test_each_recorded_decoding_grid_belongs_to_the_shipped_model_and_its_scores
         assert record["best_setting"]["bleu"] == max(r["bleu"] for r in record["grid"])
         assert record["signature"] == scores["greedy"]["signature"]
         card = (folder / "README.md").read_text()
-        assert decoding_grid.markdown(record) in card, f"{folder}/README.md lacks the grid"
-        assert record["command"] in card and "/" not in record["command"].split("--data-dir")[-1]
+        assert decoding_grid.markdown(record) in card, (
+            f"{folder}/README.md lacks the grid"
+        )
+        assert (
+            record["command"] in card
+            and "/" not in record["command"].split("--data-dir")[-1]
+        )
 
 
 def test_the_recorded_decoding_command_names_the_data_by_its_variable_not_its_path():
     assert decoding_grid.command(["multi30k-de-en", "--data-dir", "/home/me/m30k"]) == (
         "python scripts/decoding_grid.py multi30k-de-en --data-dir $AIAYN_MULTI30K_DIR"
     )
-    assert decoding_grid.command(["multi30k-en-de", "--data-dir=/d", "--beams", "4"]) == (
+    assert decoding_grid.command(
+        ["multi30k-en-de", "--data-dir=/d", "--beams", "4"]
+    ) == (
         "python scripts/decoding_grid.py multi30k-en-de --data-dir=$AIAYN_MULTI30K_DIR "
         "--beams 4"
     )
