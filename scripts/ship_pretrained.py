@@ -194,16 +194,14 @@ def keep_logs(runs: list[Path], folder: Path, pairs) -> list[dict]:
 def record_contest(path: Path, contest: dict) -> Path:
     """Append a contest the incumbent won to the JSON list at path.
 
-    A contest of the same runs replaces the one recorded before, so that scoring a
-    study again does not record it twice.
+    A contest of the same runs, or of some of them, is replaced: scoring a study
+    again, or once more runs have finished, does not record it twice.
     """
     contests = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    runs = [r["name"] for r in contest["runs"]]
-    contests = [c for c in contests if [r["name"] for r in c["runs"]] != runs] + [
-        contest
-    ]
+    runs = {r["name"] for r in contest["runs"]}
+    contests = [c for c in contests if not {r["name"] for r in c["runs"]} <= runs]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(contests, indent=2) + "\n", encoding="utf-8")
+    path.write_text(json.dumps([*contests, contest], indent=2) + "\n", encoding="utf-8")
     return path
 
 

@@ -53,7 +53,7 @@ def test_a_new_model_ships_only_when_it_beats_the_incumbent_on_validation():
     )  # a tie
 
 
-def test_a_lost_contest_is_appended_once_per_set_of_runs(tmp_path):
+def test_a_lost_contest_replaces_the_contests_of_some_of_its_runs(tmp_path):
     def contest(runs, bleu):
         return {"runs": [{"name": r} for r in runs], "candidates": [bleu]}
 
@@ -63,8 +63,17 @@ def test_a_lost_contest_is_appended_once_per_set_of_runs(tmp_path):
     ship_pretrained.record_contest(
         path, contest(["a"], 40.5)
     )  # the same study, scored again
-    recorded = json.loads(path.read_text())
-    assert recorded == [contest(["b", "c"], 41.0), contest(["a"], 40.5)]
+    assert json.loads(path.read_text()) == [
+        contest(["b", "c"], 41.0),
+        contest(["a"], 40.5),
+    ]
+    ship_pretrained.record_contest(
+        path, contest(["a", "d"], 42.0)
+    )  # once d has finished
+    assert json.loads(path.read_text()) == [
+        contest(["b", "c"], 41.0),
+        contest(["a", "d"], 42.0),
+    ]
 
 
 def test_the_study_table_gives_each_run_the_scores_of_the_candidates_it_offered():
