@@ -225,10 +225,11 @@ def multi30k_experiment(
     """The preset multi30k-DIRECTION, valid BLEU as the metric (chapter 20)."""
     model = options.get("model") or ("gpu" if device.type == "cuda" else "book")
     if model == "gpu" and device.type != "cuda":
+        # measured in results/multi30k-de-en/gpu-recipe-on-cpu.log
         print(
-            "warning: the gpu recipe (49M parameters) takes about 70 s a step on a "
-            "2-core CPU, days for its 4,000 steps; --model book trains chapter "
-            "16's 5M model in minutes.",
+            "warning: the gpu recipe (49M parameters) takes 15 to 45 s a step on "
+            "a 2-core CPU, a day or two for its 4,000 steps; --model book trains "
+            "chapter 16's 5M model in minutes.",
             file=sys.stderr,
         )
     recipe = dataclasses.replace(
