@@ -48,9 +48,8 @@ def test_a_new_model_ships_only_when_it_beats_the_incumbent_on_validation():
     better = scored(("a", 41.2), (shipped, 41.0))
     assert ship_pretrained.choose(better, shipped)["checkpoint"] == "a"
     assert ship_pretrained.choose(scored(("a", 40.9), (shipped, 41.0)), shipped) is None
-    assert (
-        ship_pretrained.choose(scored(("a", 41.0), (shipped, 41.0)), shipped) is None
-    )  # a tie
+    tie = scored(("a", 41.0), (shipped, 41.0))
+    assert ship_pretrained.choose(tie, shipped) is None
 
 
 def test_a_lost_contest_replaces_the_contests_of_some_of_its_runs(tmp_path):
@@ -60,16 +59,14 @@ def test_a_lost_contest_replaces_the_contests_of_some_of_its_runs(tmp_path):
     path = tmp_path / "challengers" / "contests.json"
     ship_pretrained.record_contest(path, contest(["a"], 40.0))
     ship_pretrained.record_contest(path, contest(["b", "c"], 41.0))
-    ship_pretrained.record_contest(
-        path, contest(["a"], 40.5)
-    )  # the same study, scored again
+    # the same study, scored again
+    ship_pretrained.record_contest(path, contest(["a"], 40.5))
     assert json.loads(path.read_text()) == [
         contest(["b", "c"], 41.0),
         contest(["a"], 40.5),
     ]
-    ship_pretrained.record_contest(
-        path, contest(["a", "d"], 42.0)
-    )  # once d has finished
+    # the same study once its run d has finished
+    ship_pretrained.record_contest(path, contest(["a", "d"], 42.0))
     assert json.loads(path.read_text()) == [
         contest(["b", "c"], 41.0),
         contest(["a", "d"], 42.0),
