@@ -11,10 +11,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
+import os
+import re
 import signal
 import sys
 import textwrap
+import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from aiayn.batching import load_checkpoint_model, pick_device
+from aiayn.batching import model_from_checkpoint, pick_device
 from aiayn.data import (
     DATA_ENV,
     DIRECTIONS,
@@ -32,6 +37,7 @@ from aiayn.data import (
     PRETRAINED_SCOPE,
     RECIPES,
     Multi30kRecipe,
+    checkpoint_task,
     encode_text_pairs,
     evaluate_bleu,
     load_multi30k,
@@ -74,6 +80,8 @@ __all__ = [
     "BOOK_URL",
     "CHECKPOINT_HELP",
     "Experiment",
+    "HUB_NAME",
+    "ModelSource",
     "PRESETS",
     "Preset",
     "SYNTHETIC_TRAIN_CONFIG",
@@ -96,7 +104,8 @@ class Experiment:
     """What a preset prepares: model, tokenizer, data, training defaults (chapter 20).
 
     options holds the preset's settings that decide the model and the data (say,
-    the task's number of symbols); a resumed run must use the same ones.
+    the task's number of symbols); a resumed run must use the same ones. task is
+    what its checkpoints say they are trained for (chapter 13).
     """
 
     model_config: TransformerConfig
@@ -110,6 +119,7 @@ class Experiment:
     metric: Callable[[Any], float] | None = None
     metric_name: str = "metric"
     options: dict[str, Any] = field(default_factory=dict)
+    task: dict[str, Any] | None = None
 
 
 def synthetic_options(group: Any) -> None:
@@ -160,6 +170,7 @@ def synthetic_experiment(
         metric=lambda model: exact_match(model, valid),
         metric_name="exact match",
         options=o,
+        task={"data": name},
     )
 
 
@@ -261,6 +272,7 @@ def multi30k_experiment(
         metric=lambda m: evaluate_bleu(m, tokenizer, scored).score,
         metric_name="valid BLEU",
         options=kept,
+        task=recipe.task(),  # Multi30k, and the direction
     )
 
 
@@ -343,6 +355,29 @@ BOOK_URL = "https://literate-transformer.github.io/aiayn"
 THREADS_HELP = "CPU threads (default on a CPU: 1, fastest on shared cores)"
 
 
+def _at_least_one(text: str) -> int:
+    """A flag's whole number, at least 1 (--threads, --limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+@contextlib.contextmanager
+def _plain_warnings() -> Iterator[None]:
+    """Inside, a warning prints as one line, `warning: ...`."""
+
+    def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        print(f"warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():  # which restores showwarning
+        warnings.showwarning = show
+        yield
+
+
 def _parser() -> argparse.ArgumentParser:
     """The flags of `python -m aiayn train`, without the preset's own (chapter 20)."""
     p = argparse.ArgumentParser(
@@ -399,7 +434,7 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
 def _add_process_flags(p: argparse.ArgumentParser) -> None:
     """The flags of `train` that are not fields of TrainConfig (chapter 20)."""
     p.add_argument("--max-tokens", type=int, help="positions per batch")
-    p.add_argument("--threads", type=int, help=THREADS_HELP)
+    p.add_argument("--threads", type=_at_least_one, help=THREADS_HELP)
     p.add_argument(
         "--grad-checkpointing", action="store_true", help="recompute activations"
     )
@@ -413,7 +448,8 @@ def train_main(argv: list[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _run(argv)
+        with _plain_warnings():
+            return _run(argv)
     except TrainingInterrupted as stop:
         signal.signal(stop.signum, signal.SIG_IGN)  # saved: a repeat changes nothing
         hint = "" if stop.path is None else f"; continue with --resume {stop.path}"
@@ -552,6 +588,7 @@ def _trainer(
             "preset": name,
             "options": experiment.options,
             "max_tokens": max_tokens,
+            "task": experiment.task,
         },
     )
     if resume is not None:
@@ -594,7 +631,8 @@ def _average(trainer: RunTrainer, experiment: Experiment, device: torch.device) 
     if len(snapshots) < 2:
         return
     model, tokenizer = average_checkpoints(snapshots, map_location=device)
-    path = write_checkpoint(checkpoint_dict(model, tokenizer), trainer.folder.averaged)
+    averaged = checkpoint_dict(model, tokenizer, task=trainer.run.get("task"))
+    path = write_checkpoint(averaged, trainer.folder.averaged)
     line = f"average of the last {len(snapshots)} snapshots: {path}"
     if experiment.metric is not None:
         line += f", {experiment.metric_name} {experiment.metric(model):.4f}"
@@ -632,40 +670,103 @@ def _check_same_run(
 
 # Chapter 20, "Translating: `python -m aiayn translate`"
 def translate_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m aiayn translate`: decode texts with a checkpoint (chapter 20).
+    """`python -m aiayn translate`: decode texts with a model (chapter 20).
 
     Returns 0; 2 for a mistake that stops everything; 1 when some inputs were not
-    translated (each named on standard error, its output line left empty).
+    translated (each named on standard error, its output line left empty); 128 + N
+    when signal N stopped it.
     """
     args = _translate_parser().parse_args(argv)
-    try:
-        path = _model_file(args)
-    except ValueError as err:
-        return _fail(str(err))
-    if args.pretrained is not None:  # its limits are in its model card too
-        print(
-            f"note: {args.pretrained} {PRETRAINED_SCOPE[args.pretrained]}.",
-            file=sys.stderr,
-        )
-    texts, refused = _inputs(args.text)  # refused: index -> why
-    if not any(text.strip() for text in texts) and not refused:
-        return _fail(
-            "nothing to translate: give the texts as arguments, or as lines on "
-            "standard input."
-        )
-    try:
-        device = pick_device(args.device or "auto")  # chapter 13: cuda, mps or cpu
-        with _threads(device, args.threads):
-            model, tokenizer = _load(path, device)
-            refused |= _too_long(model, tokenizer, texts, refused)
-            todo = ["" if i in refused else text for i, text in enumerate(texts)]
-            options = _decoding_options(args, device)
-            outputs = translate(model, tokenizer, todo, **options)
-    except ValueError as err:
-        return _fail(str(err))
-    for line in outputs:
-        print(line)
+    output, texts = _Output(), []
+    with _plain_warnings(), _exit_on_signals():
+        try:
+            source = _source(args)
+            texts, refused = _inputs(args.text)  # refused: index -> why
+            if not any(text.strip() for text in texts) and not refused:
+                raise ValueError(
+                    "nothing to translate: give the texts as arguments, or as "
+                    "lines on standard input."
+                )
+            device = pick_device(args.device or "auto")  # chapter 13: cuda, mps, cpu
+            with _threads(device, args.threads):
+                model, tokenizer, task = _load_model(source, device)
+                if source.kind == "shipped":  # its limits are in its model card too
+                    scope = PRETRAINED_SCOPE[source.name]
+                    print(f"note: {source.name} {scope}.", file=sys.stderr)
+                _direction(args.direction, task, source)  # a check only
+                refused |= _too_long(model, tokenizer, texts, refused)
+                todo = ["" if i in refused else text for i, text in enumerate(texts)]
+                options = _decoding_options(args, device)
+                translate(model, tokenizer, todo, **options, on_batch=output.write)
+        except ValueError as err:
+            return _fail(str(err))
+        except _Stopped as stop:
+            return stop.report(f"{output.count} of {len(texts)} lines written")
+        except _OutputFailed as failed:
+            return failed.report(f"{output.count} of {len(texts)} lines written")
     return _report(refused, len(texts), "text" if args.text else "line")
+
+
+class _Output:
+    """Standard output, written a batch of lines at a time and flushed; counted."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def write(self, lines: list[str]) -> None:
+        try:
+            sys.stdout.write("".join(line + "\n" for line in lines))
+            sys.stdout.flush()
+        except OSError as err:
+            raise _OutputFailed(err) from None
+        self.count += len(lines)
+
+
+class _OutputFailed(Exception):
+    """Standard output could not be written: a full disk, a closed pipe."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error.strerror or str(error))
+        self.error = error
+
+    def report(self, done: str) -> int:
+        """Say it once (not for a closed pipe); the exit status."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if isinstance(self.error, BrokenPipeError):  # `| head`: the reader has enough
+            return 128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 1
+        return _fail(f"cannot write the translations ({self}); {done}.")
+
+
+class _Stopped(Exception):
+    """A command stopped by SIGINT or SIGTERM (chapter 20)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    def report(self, done: str) -> int:
+        """One line on standard error; the exit status, 128 + the signal's number."""
+        print(f"interrupted by {self}: {done}", file=sys.stderr)
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def _exit_on_signals() -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM raise _Stopped (chapter 20)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may handle signals
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def _inputs(texts: Sequence[str]) -> tuple[list[str], dict[int, str]]:
@@ -722,38 +823,110 @@ def _report(refused: dict[int, str], total: int, kind: str) -> int:
     return 1 if refused else 0
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """What --checkpoint or --pretrained names (chapter 20).
+
+    kind: "checkpoint" (a file), "shipped" (its verified file) or "huggingface"
+    (a folder, or a hub name); where: the file, folder or hub name; name: as given.
+    """
+
+    kind: str
+    where: Path | str
+    name: str
+
+
+HUB_NAME = re.compile(r"\w[\w.-]*/\w[\w.-]*")  # owner/model
+
+
+def _source(args: argparse.Namespace) -> ModelSource:
+    """The model a command reads, or a ValueError saying what is wrong with it."""
+    if args.checkpoint is not None:
+        path = checkpoint_file(args.checkpoint)
+        if not path.is_file():
+            raise ValueError(
+                f"no checkpoint file at {path}; write one with `python -m aiayn "
+                "train --checkpoint-dir DIR` (chapter 20) and pass DIR/last.pt, or "
+                "DIR itself."
+            )
+        return ModelSource("checkpoint", path, args.checkpoint)
+    name = args.pretrained
+    if name in PRETRAINED:
+        return ModelSource("shipped", pretrained_file(name), name)  # chapter 16
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return ModelSource("huggingface", path, name)
+    if path.exists():
+        raise ValueError(
+            f"{name} is a file; --pretrained takes a shipped model, a Hugging Face "
+            "model's folder or hub name, and --checkpoint a checkpoint file."
+        )
+    if HUB_NAME.fullmatch(name):
+        return ModelSource("huggingface", name, name)
+    if "/" in name or os.sep in name or name.startswith((".", "~")):
+        raise ValueError(f"there is no folder {name}.")
+    close = difflib.get_close_matches(name, list(PRETRAINED), n=1)
+    raise ValueError(
+        f"no shipped model is called {name!r}"
+        + (f" (did you mean {close[0]}?)" if close else "")
+        + f"; the shipped models are {', '.join(PRETRAINED)}. A Hugging Face model "
+        "is named by its folder, or online by owner/model."
+    )
+
+
 def _fail(message: str) -> int:
-    """Report an error of `translate` or `bleu` in one line; its exit status, 2."""
+    """Report an error of a command in one line; its exit status, 2."""
     print(f"error: {message}", file=sys.stderr)
     return 2
 
 
-def _model_file(args: argparse.Namespace) -> Path:
-    """The checkpoint file to load: --checkpoint's, or --pretrained's (verified)."""
-    if args.pretrained is not None:
-        return pretrained_file(args.pretrained)  # chapter 16
-    path = checkpoint_file(args.checkpoint)
-    if not path.is_file():
-        raise ValueError(
-            f"no checkpoint file at {path}; write one with `python -m aiayn train "
-            "--checkpoint-dir DIR` (chapter 20) and pass DIR/last.pt, or DIR itself."
-        )
-    return path
-
-
-def _load(path: Path, device: torch.device) -> tuple[Transformer, Any]:
-    """The model and tokenizer of a checkpoint; a ValueError says why not."""
+def _load_model(
+    source: ModelSource, device: torch.device
+) -> tuple[Transformer, Any, dict[str, Any] | None]:
+    """The model, tokenizer and task of source; a ValueError says why not."""
+    if source.kind == "huggingface":
+        try:
+            model, tokenizer = load_huggingface(source.where)  # chapter 19
+        except ImportError as err:  # transformers is an optional extra
+            raise ValueError(str(err)) from None
+        return model.to(device), tokenizer, None
     try:
-        model, tokenizer = load_checkpoint_model(path, map_location=device)
+        checkpoint = read_checkpoint(source.where)
+        model, tokenizer = model_from_checkpoint(checkpoint)
     except (ValueError, KeyError, RuntimeError, OSError) as err:
-        raise ValueError(f"cannot load {path}: {err}") from err
+        raise ValueError(f"cannot load {source.where}: {err}") from err
     if tokenizer is None:
         raise ValueError(
-            f"{path} holds no tokenizer, so its model cannot read text; use a "
-            "checkpoint written by `python -m aiayn train`, which saves the "
+            f"{source.where} holds no tokenizer, so its model cannot read text; use "
+            "a checkpoint written by `python -m aiayn train`, which saves the "
             "tokenizer with the model."
         )
-    return model, tokenizer
+    task = checkpoint_task(checkpoint, source.where)
+    preset = ((checkpoint.get("training") or {}).get("run") or {}).get("preset")
+    if task is None and preset in PRESETS:  # a run older than the record
+        task = _preset_task(preset)
+    return model.to(device), tokenizer, task
+
+
+def _preset_task(name: str) -> dict[str, Any]:
+    """What the checkpoints of the preset name are trained for."""
+    if name.startswith("multi30k-"):
+        return {"data": "multi30k", "direction": name.removeprefix("multi30k-")}
+    return {"data": name}
+
+
+def _direction(
+    asked: str | None, task: dict[str, Any] | None, source: ModelSource
+) -> str | None:
+    """The direction the model translates: its own; --direction must agree."""
+    trained = (task or {}).get("direction")
+    if asked is not None and task is not None and trained != asked:
+        what = f"for {trained}" if trained else f"on the task {task.get('data')!r}"
+        raise ValueError(
+            f"{source.name} was trained {what}, not for {asked}; leave out "
+            f"--direction, or give a model of {asked}."
+        )
+    return trained or asked
 
 
 def _decoding_options(args: argparse.Namespace, device: torch.device) -> dict:
@@ -812,7 +985,8 @@ def _model_options(
         "--pretrained",
         metavar="NAME",
         help=pretrained_help
-        or f"a model shipped with the package: {', '.join(PRETRAINED)} (chapter 16)",
+        or f"a shipped model ({', '.join(PRETRAINED)}), or a Hugging Face Marian or "
+        "FSMT model: its folder, or online its hub name owner/model",
     )
 
 
@@ -833,6 +1007,11 @@ def _translate_parser() -> argparse.ArgumentParser:
         parser,
         "a checkpoint file with model and tokenizer, or a directory holding last.pt",
     )
+    parser.add_argument(
+        "--direction",
+        choices=DIRECTIONS,
+        help="refuse a model trained for another direction",
+    )
     how = parser.add_mutually_exclusive_group()
     how.add_argument(
         "--greedy", action="store_true", help="greedy search instead of beam search"
@@ -845,7 +1024,7 @@ def _translate_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device", default=None, help="e.g. cpu or cuda (default: cuda if available)"
     )
-    parser.add_argument("--threads", type=int, help=THREADS_HELP)
+    parser.add_argument("--threads", type=_at_least_one, help=THREADS_HELP)
     return parser
 
 
@@ -867,7 +1046,8 @@ def _bleu_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--direction",
         choices=DIRECTIONS,
-        help="default: a shipped model's own (multi30k-DIRECTION), else de-en",
+        help="default: the one the model was trained for; a model that does not "
+        "record it needs this",
     )
     p.add_argument(
         "--data-dir",
@@ -887,58 +1067,58 @@ def _bleu_parser() -> argparse.ArgumentParser:
         "--output", help="also write the translations to this file, one per line"
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--threads", type=int, help=THREADS_HELP)
+    p.add_argument("--threads", type=_at_least_one, help=THREADS_HELP)
     return p
 
 
-def _direction(args: argparse.Namespace) -> str:
-    """--direction, else the shipped model's (multi30k-en-de: en-de), else de-en."""
-    if args.direction is not None:
-        return args.direction
-    if args.pretrained is not None:
-        return args.pretrained.removeprefix("multi30k-")
-    return "de-en"
-
-
-def _at_least_one(text: str) -> int:
-    """--limit: a whole number of sentences, at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of sentences >= 1, got {text!r}"
+def _scored_direction(
+    asked: str | None, task: dict[str, Any] | None, source: ModelSource
+) -> str:
+    """The direction to score: the model's own; --direction must agree with it."""
+    if task is not None and task.get("data") != "multi30k":
+        raise ValueError(
+            f"{source.name} was trained on the task {task.get('data')!r}, not on "
+            "Multi30k; bleu scores translations of Multi30k."
         )
-    return value
+    direction = _direction(asked, task, source)
+    if direction is None:
+        raise ValueError(
+            f"{source.name} does not record which direction it translates; give "
+            f"--direction ({' or '.join(DIRECTIONS)})."
+        )
+    return direction
 
 
 def bleu_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m aiayn bleu`: a checkpoint's sacreBLEU on a split (chapter 20)."""
+    """`python -m aiayn bleu`: a model's sacreBLEU on a split (chapter 20)."""
     args = _bleu_parser().parse_args(argv)
     output = Path(args.output) if args.output else None
     if output is not None and not _writable(output):
         return 2
-    try:
-        path = _model_file(args)
-        device = pick_device(args.device)
-        with _threads(device, args.threads):
-            model, tokenizer = _load(path, device)
-            pairs = load_multi30k(args.split, _direction(args), args.data_dir)
-            pairs = pairs[: args.limit] if args.limit is not None else pairs
-            method = "greedy" if args.greedy else "beam"
-            result = evaluate_bleu(
-                model, tokenizer, pairs, method, args.beam_size, args.alpha
-            )
-    except (ValueError, OSError) as err:
-        return _fail(str(err))
-    if output is not None:
-        lines = "".join(line + "\n" for line in result.hypotheses)
-        output.write_text(lines, encoding="utf-8")
+    with _plain_warnings(), _exit_on_signals():
+        try:
+            source = _source(args)
+            device = pick_device(args.device)
+            with _threads(device, args.threads):
+                model, tokenizer, task = _load_model(source, device)
+                direction = _scored_direction(args.direction, task, source)
+                pairs = load_multi30k(args.split, direction, args.data_dir)
+                pairs = pairs[: args.limit] if args.limit is not None else pairs
+                method = "greedy" if args.greedy else "beam"
+                result = evaluate_bleu(
+                    model, tokenizer, pairs, method, args.beam_size, args.alpha
+                )
+            if output is not None:
+                lines = "".join(line + "\n" for line in result.hypotheses)
+                output.write_text(lines, encoding="utf-8")
+        except (ValueError, OSError) as err:
+            return _fail(str(err))
+        except _Stopped as stop:
+            return stop.report("nothing scored")
     how = "greedy" if args.greedy else f"beam {args.beam_size}, alpha {args.alpha}"
     print(
-        f"{args.split}, {len(pairs)} sentences, {how}: BLEU {result.score:.2f} "
-        f"(lowercased {result.lowercase_score:.2f})"
+        f"{args.split} {direction}, {len(pairs)} sentences, {how}: BLEU "
+        f"{result.score:.2f} (lowercased {result.lowercase_score:.2f})"
     )
     print(f"signature: {result.signature}")
     return 0
@@ -976,13 +1156,15 @@ def _export_parser() -> argparse.ArgumentParser:
         required=True,
         help="write a CTranslate2 model into DIR (new, empty, or an earlier export)",
     )
-    _model_options(
-        p,
-        pretrained_help=f"a shipped model ({', '.join(PRETRAINED)}), or a Hugging "
-        "Face Marian or FSMT model: its folder, or its name on the hub",
-    )
+    _model_options(p)
     p.add_argument(
         "--quantization", choices=QUANTIZATIONS, help="the weights' type (float32)"
+    )
+    p.add_argument(
+        "--direction",
+        choices=DIRECTIONS,
+        help="the model's direction, recorded in the export; it must agree with "
+        "the one the model records",
     )
     return p
 
@@ -990,14 +1172,20 @@ def _export_parser() -> argparse.ArgumentParser:
 def export_main(argv: Sequence[str] | None = None) -> int:
     """`python -m aiayn export`: a model for the CTranslate2 engine (chapter 20)."""
     args = _export_parser().parse_args(argv)
-    try:
-        if args.pretrained is not None and args.pretrained not in PRETRAINED:
-            model, tokenizer = load_huggingface(args.pretrained)  # chapter 19
-        else:
-            model, tokenizer = _load(_model_file(args), torch.device("cpu"))
-        path = export_ctranslate2(model, tokenizer, args.ctranslate2, args.quantization)
-    except (ImportError, ValueError, OSError) as err:
-        return _fail(str(err))
+    with _plain_warnings(), _exit_on_signals():
+        try:
+            source = _source(args)
+            model, tokenizer, task = _load_model(source, torch.device("cpu"))
+            direction = _direction(args.direction, task, source)
+            if task is None and direction is not None:
+                task = {"direction": direction}  # as the user says
+            path = export_ctranslate2(
+                model, tokenizer, args.ctranslate2, args.quantization, task
+            )
+        except (ImportError, ValueError, OSError) as err:
+            return _fail(str(err))
+        except _Stopped as stop:
+            return stop.report(f"{args.ctranslate2} is as it was")
     print(
         f"wrote {path}: {model.num_parameters():,} parameters in "
         f"{args.quantization or 'float32'}, for ctranslate2.Translator or "

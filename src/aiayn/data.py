@@ -71,15 +71,17 @@ __all__ = [
     "MULTI30K_URL",
     "Multi30kRecipe",
     "PRETRAINED",
+    "PRETRAINED_COMMIT",
     "PRETRAINED_ENV",
+    "PRETRAINED_REPOSITORY",
     "PRETRAINED_SCOPE",
-    "PRETRAINED_URL",
     "RECIPES",
     "SubwordTokenizer",
     "TINY_RECIPE",
     "book_model",
     "book_model_path",
     "cache_dir",
+    "checkpoint_task",
     "corpus_bleu",
     "cpu_has_bf16",
     "download_multi30k",
@@ -94,6 +96,7 @@ __all__ = [
     "prepare_multi30k",
     "pretrained",
     "pretrained_file",
+    "pretrained_url",
     "read_lines",
     "recipe_amp",
     "save_pretrained",
@@ -213,6 +216,23 @@ def fetch_checked(url: str, path: Path, sha256: str, fix: str) -> None:
             f"the transfer was damaged or the origin changed. {fix}"
         )
     os.replace(download, path)
+    for stale in path.parent.glob(f"{path.name}.*.download*"):  # of killed downloads
+        pid = stale.name[len(path.name) + 1 :].split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            stale.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process pid runs; where that cannot be asked, assume it does."""
+    if os.name != "posix":  # os.kill would end the process there
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only the check
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
 
 
 def _verified(path: Path, sha256: str) -> bool:
@@ -559,6 +579,10 @@ class Multi30kRecipe:
         """The recipe's schedule; overrides set device, precision... (chapter 13)."""
         return dataclasses.replace(self.schedule, **overrides)
 
+    def task(self) -> dict[str, str]:
+        """What its models are trained for, as their checkpoints record it (ch. 13)."""
+        return {"data": "multi30k", "direction": self.direction}
+
     def key(self) -> str:
         """16 hex digits of a hash of the recipe and the data: its model's name."""
         model = {k: v for k, v in self.model.to_dict().items() if "vocab" not in k}
@@ -718,10 +742,17 @@ def train_multi30k(
 
 
 def save_translation_model(
-    model: Transformer, tokenizer: SubwordTokenizer, path: str | os.PathLike
+    model: Transformer,
+    tokenizer: SubwordTokenizer,
+    path: str | os.PathLike,
+    task: dict[str, Any] | None = None,
 ) -> Path:
-    """Save model and tokenizer in one checkpoint, and tokenizer.json (chapter 16)."""
-    path = write_checkpoint(checkpoint_dict(model, tokenizer), path)  # chapter 9's
+    """Save model, tokenizer and task in one checkpoint, and tokenizer.json (ch. 16).
+
+    task: what the model was trained for, e.g. a recipe's task().
+    """
+    checkpoint = checkpoint_dict(model, tokenizer, task=task)  # chapter 9's
+    path = write_checkpoint(checkpoint, path)
     tokenizer.save(path.with_name("tokenizer.json"))
     return path
 
@@ -753,7 +784,7 @@ def book_model(
         return load_checkpoint_model(path)
     device = pick_device("auto")  # never the CPU of a machine with a GPU
     model, tokenizer, _ = train_multi30k(BOOK_RECIPE, root, device=device, log=log)
-    save_translation_model(model, tokenizer, path)
+    save_translation_model(model, tokenizer, path, BOOK_RECIPE.task())
     return model.cpu(), tokenizer
 
 
@@ -858,7 +889,10 @@ def _translate_by_length(
 
 # Chapter 16, "A converged model to download"
 def save_pretrained(
-    model: Transformer, tokenizer: SubwordTokenizer, directory: str | os.PathLike
+    model: Transformer,
+    tokenizer: SubwordTokenizer,
+    directory: str | os.PathLike,
+    task: dict[str, Any] | None = None,
 ) -> Path:
     """Write directory/model.pt, float16 weights with the tokenizer (chapter 16).
 
@@ -867,15 +901,15 @@ def save_pretrained(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     half = copy.deepcopy(model).half()  # a copy keeps the shared matrix shared
-    path = write_checkpoint(checkpoint_dict(half, tokenizer), directory / "model.pt")
-    tokenizer.save(directory / "tokenizer.json")
-    return path
+    return save_translation_model(half, tokenizer, directory / "model.pt", task)
 
 
-PRETRAINED_URL = (
-    "https://raw.githubusercontent.com/literate-transformer/aiayn/main/results/"
-)
-PRETRAINED_ENV = "AIAYN_PRETRAINED_URL"  # overrides PRETRAINED_URL
+PRETRAINED_REPOSITORY = "https://raw.githubusercontent.com/literate-transformer/aiayn"
+PRETRAINED_COMMIT = {  # name -> a commit whose results/NAME holds the files below
+    "multi30k-de-en": "b57a6901b0380679efefc6e0fc807222acb5c79e",
+    "multi30k-en-de": "291dfb4f59f36bdefd624f4cfdc6457fb66c43d2",
+}
+PRETRAINED_ENV = "AIAYN_PRETRAINED_URL"  # a URL holding NAME/FILE, used instead
 PRETRAINED = {  # name -> {file -> its SHA-256 digest}, the files of results/NAME
     "multi30k-de-en": {
         "model.pt": "05e4ccc066764da5f97de07b02abb6a28e6b045316000a101848f14b39055944",
@@ -949,8 +983,8 @@ def pretrained_file(
     """A verified file of a shipped model, downloaded if need be (chapter 16).
 
     results/NAME/FILE of the checkout the package runs from, else the cache's
-    copy, else a download from base_url ($AIAYN_PRETRAINED_URL, else
-    PRETRAINED_URL) into cache_dir()/pretrained/NAME.
+    copy, else a download into cache_dir()/pretrained/NAME from base_url (or
+    $AIAYN_PRETRAINED_URL) if given, else from pretrained_url(name, file).
     """
     if name not in PRETRAINED:
         raise ValueError(
@@ -966,23 +1000,35 @@ def pretrained_file(
     for path in (checkout / "results" / name / file, cached):
         if path.is_file() and sha256_file(path) == digest:
             return path
-    base_url = base_url or os.environ.get(PRETRAINED_ENV) or PRETRAINED_URL
-    url = f"{base_url.rstrip('/')}/{name}/{file}"
+    base_url = base_url or os.environ.get(PRETRAINED_ENV)
+    pinned = pretrained_url(name, file) if name in PRETRAINED_COMMIT else None
+    url = f"{base_url.rstrip('/')}/{name}/{file}" if base_url else pinned
     fix = (
-        f"Download it into {cached.parent} by hand, or set {PRETRAINED_ENV} to a "
+        (f"This version of the package ships the file at {pinned}; " if pinned else "")
+        + f"download it into {cached.parent} by hand, or set {PRETRAINED_ENV} to a "
         f"directory URL that holds {name}/{file}."
     )
-    _check_writable(cached.parent)
+    damaged = cached.is_file()  # there, but not the shipped bytes
     try:
-        fetch_checked(url, cached, digest, fix)
+        _check_writable(cached.parent)
+        fetch_checked(url or pretrained_url(name, file), cached, digest, fix)
     except ValueError as err:
-        if not cached.is_file():
+        if not damaged:
             raise
         raise ValueError(
             f"the cached copy {cached} is damaged (its sha256 is not the shipped "
             f"one), and a fresh copy cannot be fetched: {err}"
         ) from err
     return cached
+
+
+def pretrained_url(name: str, file: str = "model.pt") -> str:
+    """The address of a shipped file that always serves the same bytes (ch. 16)."""
+    if name not in PRETRAINED_COMMIT:
+        raise ValueError(
+            f"{name} has no download address; give base_url or set {PRETRAINED_ENV}."
+        )
+    return f"{PRETRAINED_REPOSITORY}/{PRETRAINED_COMMIT[name]}/results/{name}/{file}"
 
 
 def pretrained(
@@ -993,3 +1039,21 @@ def pretrained(
     """A shipped model in float32 and eval mode, and its tokenizer (chapter 16)."""
     path = pretrained_file(name, "model.pt", base_url)
     return load_checkpoint_model(path, map_location=device)
+
+
+def checkpoint_task(
+    checkpoint: Mapping[str, Any], path: str | os.PathLike | None = None
+) -> dict[str, Any] | None:
+    """What a checkpoint was trained for, e.g. Multi30k de-en, or None (chapter 16).
+
+    Its own record (chapter 13's task); else, for path holding a shipped model,
+    which predates that record, the name it ships under.
+    """
+    if checkpoint.get("task") is not None:
+        return dict(checkpoint["task"])
+    if path is not None and Path(path).is_file():
+        digest = sha256_file(path)
+        for name, files in PRETRAINED.items():
+            if files["model.pt"] == digest:
+                return {"data": "multi30k", "direction": name.removeprefix("multi30k-")}
+    return None

@@ -604,6 +604,7 @@ def translate(
     generator: torch.Generator | None = None,
     max_len: int | None = None,
     batch_size: int = 64,
+    on_batch: Callable[[list[str]], Any] | None = None,
 ) -> list[str]:
     """Decode texts with model and tokenizer, one output per input text (chapter 15).
 
@@ -616,6 +617,8 @@ def translate(
             (greedy_search) or "sample" (sample with temperature, top_k, generator).
         max_len: as for greedy_search; None is the paper's input length + 50.
         batch_size: sentences decoded at once.
+        on_batch: called with the outputs in input order as each batch is done,
+            those of the texts after the previous call's, e.g. to write them.
     """
     texts = _check_translate(model, tokenizer, method, texts, batch_size)  # a list
     device = next(model.parameters()).device
@@ -626,6 +629,7 @@ def translate(
     if too_long:  # refused before any decoding, rather than failing in the middle
         limit = model.config.max_len
         raise ValueError(too_long_message(too_long, "texts[{}]", 0, limit))
+    done = 0  # outputs handed to on_batch
     for first in range(0, len(todo), batch_size):
         chunk = todo[first : first + batch_size]
         batch = [ids for _, ids in chunk]
@@ -640,6 +644,14 @@ def translate(
             result = sample(model, src, temperature, top_k, generator, max_len)
         for (i, _), ids in zip(chunk, result.tokens.tolist()):
             outputs[i] = tokenizer.decode(ids)
+        if on_batch is not None:  # up to the next text to decode, or to the end
+            end = (
+                todo[first + batch_size][0] if first + batch_size < len(todo) else None
+            )
+            on_batch(outputs[done:end])
+            done = len(outputs) if end is None else end
+    if on_batch is not None and done < len(outputs):  # no text to decode at all
+        on_batch(outputs[done:])
     return outputs
 
 
@@ -647,6 +659,11 @@ def _check_translate(
     model: Transformer, tokenizer: Any, method: str, texts: Any, batch_size: int
 ) -> list[str]:
     """The texts as a list, or a ValueError naming what translate cannot use."""
+    if not isinstance(model, Transformer):
+        raise ValueError(
+            "translate(model, tokenizer, texts, ...) takes a Transformer first, got "
+            f"{type(model).__name__}; are the arguments in another order?"
+        )
     if method not in DECODING_METHODS:
         raise ValueError(f"method must be one of {DECODING_METHODS}, got {method!r}.")
     if isinstance(texts, str) or not isinstance(texts, Iterable):

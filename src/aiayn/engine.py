@@ -14,6 +14,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -101,7 +102,9 @@ class RunTrainer(Trainer):
     @contextlib.contextmanager
     def _session(self) -> Iterator[None]:
         """Hold the folder and the signals while training; at a signal, save, stop."""
-        with self._claim(), stop_on_signals() as self.stop:
+        say = _say_at_once if world()[0] == 0 else None
+        patient = world()[1] > 1  # the processes must first agree on the update
+        with self._claim(), stop_on_signals(say=say, patient=patient) as self.stop:
             if self.announce is not None:
                 self.log.say(self.announce)
             with super()._session():
@@ -208,10 +211,12 @@ def claim_folder(
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
+    lock = path / ".lock"
+    made = [p for p in (path, lock) if not p.exists()]  # to remove if writing fails
     try:
         path.mkdir(parents=True, exist_ok=True)
         # also proves that the folder can be written
-        handle = open(path / ".lock", "a+")
+        handle = open(lock, "a+")
     except OSError as err:
         raise ValueError(
             f"cannot write checkpoints to {path}: {err.strerror or err}; "
@@ -232,10 +237,19 @@ def _locked(path: Path) -> Iterator[None]:
                 f"into {path}; wait for it to finish, or choose another "
                 "checkpoint_dir."
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+        except OSError as err:  # a full disk: leave nothing behind
+            for made_path in reversed(made):
+                with contextlib.suppress(OSError):
+                    made_path.rmdir() if made_path == path else made_path.unlink()
+            raise ValueError(
+                f"cannot write checkpoints to {path}: {err.strerror or err}; make "
+                "room on that disk, or choose another checkpoint_dir."
+            ) from None
         yield
 
 
@@ -336,8 +350,13 @@ class StopRequest:
 def stop_on_signals(
     signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
     grace: float = REPEAT_GRACE_S,
+    say: Callable[[str], Any] | None = None,
+    patient: bool = False,
 ) -> Iterator[StopRequest]:
-    """Inside, a first SIGINT or SIGTERM asks to stop, a second stops (chapter 14)."""
+    """Inside, a first SIGINT or SIGTERM asks to stop, a second stops (chapter 14).
+
+    say(text) answers the first signal at once; patient: a second never stops.
+    """
     request = StopRequest()
     # only the main thread may handle signals
     if threading.current_thread() is not threading.main_thread():
@@ -348,7 +367,13 @@ def stop_on_signals(
         now = time.monotonic()
         if request.signum is None:
             request.signum, request.at = signum, now
-        elif not request.saving and now - request.at > grace:
+            if say is not None:
+                again = "" if patient else "; send it again to stop without saving"
+                say(
+                    f"{signal.Signals(signum).name}: the run stops after this update "
+                    f"and saves a checkpoint{again}"
+                )
+        elif not patient and not request.saving and now - request.at > grace:
             raise KeyboardInterrupt  # asked again: do not wait for the update to end
 
     previous = {s: signal.signal(s, note) for s in signums}
@@ -357,6 +382,12 @@ def stop_on_signals(
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def _say_at_once(text: str) -> None:
+    """A line on standard error in one system call, which a signal handler may make."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.write(sys.stderr.fileno(), f"{text}\n".encode())
 
 
 def anyone_stops(stop: bool, device: torch.device, step: int) -> bool:

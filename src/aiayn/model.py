@@ -170,8 +170,13 @@ class TransformerConfig:
         )
         if unknown or missing:
             raise ValueError(
-                f"not a TransformerConfig: unknown fields {unknown}, "
-                f"missing fields {missing}."
+                f"not a TransformerConfig: unknown fields {unknown}, missing fields "
+                f"{missing}. A checkpoint written by another version of aiayn? "
+                + (
+                    "Unknown fields come from a newer one: update the package."
+                    if unknown
+                    else "Missing fields come from an older one."
+                )
             )
         return cls(**data)
 
@@ -702,6 +707,11 @@ def nonfinite_weights(state: Mapping[str, Tensor] | nn.Module) -> list[str]:
     """The names of the floating-point tensors that hold NaN or inf (chapter 9)."""
     if isinstance(state, nn.Module):
         state = state.state_dict()
+    if not isinstance(state, Mapping):
+        raise ValueError(
+            "nonfinite_weights takes a model or a state_dict, got "
+            f"{type(state).__name__}; arguments in another order?"
+        )
     return [
         name
         for name, t in state.items()
@@ -778,12 +788,29 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> 
 
 def _reason(err: BaseException) -> str:
     """An error's first sentence, without torch's '[enforce fail at ...]' prefix."""
-    if getattr(err, "errno", None) == errno.ENOSPC or "unexpected pos" in str(err):
-        return "the disk is full"  # "unexpected pos": torch wrote less than it meant
+    code = getattr(err, "errno", None)
+    if code == errno.EFBIG:
+        return "the file reached this process's file-size limit (ulimit -f)"
+    if code == errno.ENOSPC or "unexpected pos" in str(err):
+        # "unexpected pos": torch wrote less than it meant, for either reason
+        return "the disk is full" + (
+            ", or the file reached this process's file-size limit (ulimit -f)"
+            if _file_size_limited()
+            else ""
+        )
     text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
     text = re.sub(r"\[enforce fail at [^\]]*\][\s.]*", "", text).strip()
     text = text.splitlines()[0].split(". ")[0] if text else ""
     return text[:120] or type(err).__name__
+
+
+def _file_size_limited() -> bool:
+    """Whether this process may write files of limited size only (ulimit -f)."""
+    try:
+        import resource  # POSIX
+    except ImportError:
+        return False
+    return resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
 
 
 def _write_failure(path: Path, err: BaseException) -> str:

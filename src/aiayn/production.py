@@ -8,15 +8,23 @@ Chapter 19 of the book, book/19_production.md.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import json
-from collections.abc import Sequence
+import os
+import pickle
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from aiayn.decoding import never_generated
+from aiayn.data import sha256_file
+from aiayn.decoding import MAX_LEN_MARGIN, never_generated, too_long_message
 from aiayn.model import Transformer, TransformerConfig
 from aiayn.viz import token_strings
 
@@ -24,6 +32,7 @@ __all__ = [
     "CT2_ACTIVATIONS",
     "CTranslate2Model",
     "DECODING_FILE",
+    "EXPORT_FILE",
     "HF_ACTIVATIONS",
     "HF_FAMILIES",
     "HuggingFaceTokenizer",
@@ -31,6 +40,8 @@ __all__ = [
     "config_from_huggingface",
     "ctranslate2_spec",
     "export_ctranslate2",
+    "export_folder",
+    "export_manifest",
     "from_huggingface",
     "load_huggingface",
     "vocabulary",
@@ -39,11 +50,19 @@ __all__ = [
 
 # Chapter 19, "From the book to production"
 def _missing(module: str, extra: str) -> str:
-    """What to install for an optional dependency (chapter 19)."""
-    return (
-        f"this needs {module!r}, which is not installed: "
-        f'pip install "aiayn[{extra}]" (or pip install {module}).'
-    )
+    """What to install for an optional dependency: its libraries, or the extra."""
+    try:
+        requires = importlib.metadata.requires("aiayn") or []
+        urls = importlib.metadata.metadata("aiayn").get_all("Project-URL") or []
+    except importlib.metadata.PackageNotFoundError:  # run from a copy of src/
+        requires, urls = [], []
+    marker = f'extra == "{extra}"'
+    libraries = [re.split(r"[<>=!~; ]", r)[0] for r in requires if marker in r]
+    hint = f"pip install {' '.join(libraries or [module])}"
+    repository = [u.split(", ", 1)[1] for u in urls if u.startswith("Repository, ")]
+    if repository:
+        hint += f', or pip install "aiayn[{extra}] @ git+{repository[0]}"'
+    return f"this needs {module}, which is not installed: {hint}."
 
 
 def _transformers() -> Any:
@@ -74,7 +93,8 @@ HF_FAMILIES = ("marian", "fsmt")  # MarianMTModel, FSMTForConditionalGeneration
 def _family(hf_model: Any) -> str:
     """ "marian" or "fsmt", or a ValueError naming what the model is."""
     kind = getattr(getattr(hf_model, "config", None), "model_type", None)
-    if kind not in HF_FAMILIES or not hasattr(hf_model, "model"):
+    stacks = getattr(hf_model, "model", None)  # a decoder alone has no encoder
+    if kind not in HF_FAMILIES or not hasattr(stacks, "encoder"):
         raise ValueError(
             "from_huggingface converts a MarianMTModel or an "
             f"FSMTForConditionalGeneration, got {type(hf_model).__name__} "
@@ -235,18 +255,44 @@ class HuggingFaceTokenizer:
 
 
 def load_huggingface(name: str | Path) -> tuple[Transformer, HuggingFaceTokenizer]:
-    """A Marian or FSMT model and its tokenizer, from a folder or the hub (ch. 19)."""
+    """A Marian or FSMT model and its tokenizer, from a folder or the hub (ch. 19).
+
+    What cannot be read is a ValueError of one line that says why.
+    """
     hf = _transformers()
-    config = hf.AutoConfig.from_pretrained(str(name))
     classes = {"marian": hf.MarianMTModel, "fsmt": hf.FSMTForConditionalGeneration}
-    if config.model_type not in classes:
+    try:
+        config = hf.AutoConfig.from_pretrained(str(name))
+        if config.model_type not in classes:
+            raise ValueError(
+                f"{name} is a {config.model_type!r} model; load_huggingface reads "
+                f"the encoder-decoder families {sorted(classes)}."
+            )
+        model = classes[config.model_type].from_pretrained(str(name))
+    except pickle.UnpicklingError:  # torch.load(weights_only=True) said no
         raise ValueError(
-            f"{name} is a {config.model_type!r} model; load_huggingface reads the "
-            f"encoder-decoder families {sorted(classes)}."
-        )
-    model = classes[config.model_type].from_pretrained(str(name))
-    tokenizer = hf.AutoTokenizer.from_pretrained(str(name))
+            f"{name} holds a pickled weights file with Python objects beyond "
+            "tensors, which the safe loader refuses to run; use a copy of the "
+            "model saved as model.safetensors."
+        ) from None
+    except OSError as err:  # no such folder or file, no network
+        raise ValueError(f"cannot load {name}: {_first_line(err)}") from None
+    try:
+        tokenizer = hf.AutoTokenizer.from_pretrained(str(name))
+    except (OSError, TypeError, ValueError) as err:  # TypeError: a missing file
+        raise ValueError(
+            f"{name} holds no tokenizer that transformers can read "
+            f"({_first_line(err)}); a Marian model needs its source.spm, "
+            "target.spm and vocab.json, an FSMT model its vocab-src.json, "
+            "vocab-tgt.json and merges.txt."
+        ) from None
     return from_huggingface(model), HuggingFaceTokenizer(tokenizer)
+
+
+def _first_line(err: BaseException) -> str:
+    """An error's first line, or its type's name."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 # Chapter 19, "Exporting to CTranslate2"
@@ -347,8 +393,147 @@ def ctranslate2_spec(model: Transformer, tokens: list[str]) -> Any:
     return spec
 
 
+EXPORT_FILE = "aiayn_export.json"  # the manifest: written last, read first
+DECODING_FILE = "aiayn_decoding.json"  # what exports wrote before the manifest
+_EARLIER_FILES = (  # an export before the manifest: these, beside DECODING_FILE
+    DECODING_FILE,
+    "config.json",
+    "model.bin",
+    "shared_vocabulary.json",
+    "source_vocabulary.json",
+    "target_vocabulary.json",
+)
+_LOCK, _STAGING = ".aiayn-export.lock", ".aiayn-export-"
+
+
+def export_manifest(folder: str | Path) -> dict[str, Any] | None:
+    """The manifest of an export folder, or None if it holds none (chapter 19)."""
+    path = Path(folder) / EXPORT_FILE
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: not UTF-8, not JSON
+        manifest = None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ValueError(f"{path} is damaged; export the model again.")
+    return manifest
+
+
+def _exported_files(folder: Path) -> set[str] | None:
+    """The names that an earlier export wrote into folder; None if none did."""
+    manifest = export_manifest(folder)
+    if manifest is not None:
+        return {EXPORT_FILE, *manifest["files"]}
+    if (folder / DECODING_FILE).is_file():
+        return set(_EARLIER_FILES)
+    return None
+
+
+def _check_target(folder: Path) -> None:
+    """Refuse a file, or a folder of files that no export of this package wrote."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file; export into a folder.")
+    names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    names = [n for n in names if n != _LOCK and not n.startswith(_STAGING)]
+    if names and _exported_files(folder) is None:
+        shown = ", ".join(sorted(names)[:3]) + (" ..." if len(names) > 3 else "")
+        raise ValueError(
+            f"{folder} holds files that no export of this package wrote ({shown}); "
+            "an export there could overwrite them. Give a new or empty folder, "
+            "or the folder of an earlier export."
+        )
+
+
+@contextlib.contextmanager
+def _export_lock(folder: Path) -> Iterator[None]:
+    """Hold folder's export lock, or a ValueError: another export holds it."""
+    path = folder / _LOCK
+    with open(path, "a+") as handle:
+        try:
+            import fcntl  # POSIX; elsewhere exports are not locked
+        except ImportError:
+            fcntl = None
+        if fcntl is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                # the file may have been removed by the export that held it
+                held = os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
+            except (BlockingIOError, FileNotFoundError):
+                held = False
+            if not held:
+                raise ValueError(
+                    f"another export is writing into {folder}; wait for it to "
+                    "finish, or choose another folder."
+                )
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)  # while still held
+
+
+@contextlib.contextmanager
+def export_folder(directory: str | Path, manifest: dict[str, Any]) -> Iterator[Path]:
+    """An empty folder to write an export into, swapped into directory at the end.
+
+    The manifest, with every file's digest, is written last. Only what an earlier
+    export wrote is replaced or removed; on an error, directory is as it was
+    (chapter 19).
+    """
+    folder = Path(directory).expanduser().resolve()  # through a symbolic link
+    _check_target(folder)
+    made = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with _export_lock(folder):
+            for stale in folder.glob(f"{_STAGING}*"):  # left by a killed export
+                shutil.rmtree(stale, ignore_errors=True)
+            staging = Path(tempfile.mkdtemp(prefix=_STAGING, dir=folder))
+            try:
+                yield staging
+                _swap_in(staging, folder, manifest)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    except OSError as err:  # a full disk, a missing permission
+        raise OSError(_export_failure(folder, err, made)) from err
+    finally:
+        if made and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+def _swap_in(staging: Path, folder: Path, manifest: dict[str, Any]) -> None:
+    """staging's files into folder, the manifest last; the earlier export's rest out."""
+    earlier = _exported_files(folder) or set()
+    new = sorted(p.name for p in staging.iterdir())
+    clash = [n for n in new if (folder / n).exists() and n not in earlier]
+    if clash:
+        raise ValueError(
+            f"{folder} holds {', '.join(clash)}, which no export wrote and this one "
+            "would replace; move it away first."
+        )
+    files = {name: sha256_file(staging / name) for name in new}
+    text = json.dumps({**manifest, "files": files}, indent=1)
+    (staging / EXPORT_FILE).write_text(text + "\n", encoding="utf-8")
+    for name in new:
+        os.replace(staging / name, folder / name)
+    for name in earlier - {*new, EXPORT_FILE}:
+        (folder / name).unlink(missing_ok=True)
+    os.replace(staging / EXPORT_FILE, folder / EXPORT_FILE)
+
+
+def _export_failure(folder: Path, err: OSError, made: bool) -> str:
+    """What could not be written, why, and that the folder is as it was."""
+    try:
+        free = f"{shutil.disk_usage(folder.parent).free / 2**20:,.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"cannot write the export into {folder} ({err.strerror or err}; {free}); "
+        + ("nothing was written." if made else "the folder is as it was.")
+    )
+
+
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float32")
-DECODING_FILE = "aiayn_decoding.json"  # the tokens that chapter 15 never generates
 
 
 def export_ctranslate2(
@@ -356,39 +541,31 @@ def export_ctranslate2(
     tokenizer: Any,
     directory: str | Path,
     quantization: str | None = None,
+    task: dict[str, Any] | None = None,
 ) -> Path:
     """Write model and its vocabulary as a CTranslate2 model in directory (ch. 19).
 
     quantization: None keeps float32; "int8" stores 8-bit weights, and so on.
+    task: what the model was trained for (chapter 13), kept in the manifest.
     """
-    ct2 = _ctranslate2()
+    _ctranslate2()
     if quantization not in (None, *QUANTIZATIONS):
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None.")
-    folder = Path(directory)
-    if (
-        folder.exists()
-        and any(folder.iterdir())
-        and not (folder / "model.bin").exists()
-    ):
-        raise ValueError(
-            f"{folder} holds files that are not a CTranslate2 model; exporting would "
-            "delete them. Give a new or empty folder."
-        )
     size = max(model.config.src_vocab_size, model.config.tgt_vocab_size)
     tokens = vocabulary(tokenizer, size)
     spec = ctranslate2_spec(model, tokens)
-
-    class BookConverter(ct2.converters.Converter):
-        def _load(self) -> Any:
-            return spec
-
-    out = Path(
-        BookConverter().convert(str(folder), quantization=quantization, force=True)
-    )
-    barred = [tokens[i] for i in never_generated(model)]  # as chapter 15 bars them
-    decoding = {"suppress_tokens": barred}
-    (out / DECODING_FILE).write_text(json.dumps(decoding), encoding="utf-8")
-    return out
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    manifest = {
+        "engine": "ctranslate2",
+        "quantization": quantization or "float32",
+        "suppress_tokens": [tokens[i] for i in never_generated(model)],
+        "max_len": model.config.max_len,  # the position table
+        "task": task,
+    }
+    with export_folder(directory, manifest) as staging:
+        spec.save(str(staging))
+    return Path(directory)
 
 
 class CTranslate2Model:
@@ -406,20 +583,20 @@ class CTranslate2Model:
         compute_type: str = "default",
     ) -> None:
         ct2 = _ctranslate2()
+        folder = Path(directory)
+        self.manifest = _checked_export(folder)
         self.translator = ct2.Translator(
-            str(directory), intra_threads=threads, compute_type=compute_type
+            str(folder), intra_threads=threads, compute_type=compute_type
         )
         self.tokenizer = tokenizer
-        folder = Path(directory)
         shared = folder / "shared_vocabulary.json"
         source = shared if shared.exists() else folder / "source_vocabulary.json"
         target = shared if shared.exists() else folder / "target_vocabulary.json"
         self.source_tokens = json.loads(source.read_text(encoding="utf-8"))
         target_tokens = json.loads(target.read_text(encoding="utf-8"))
         self.target_ids = {t: i for i, t in enumerate(target_tokens)}
-        options = folder / DECODING_FILE
-        decoding = json.loads(options.read_text()) if options.exists() else {}
-        self.suppress = [[t] for t in decoding.get("suppress_tokens", [])]
+        self.suppress = [[t] for t in self.manifest.get("suppress_tokens", [])]
+        self.max_len = self.manifest.get("max_len")  # None: an earlier export
 
     def translate(
         self,
@@ -430,20 +607,56 @@ class CTranslate2Model:
         batch_size: int = 64,
     ) -> list[str]:
         """Translations of texts; CTranslate2 ranks beams by log P / length ** alpha."""
+        sources = self._sources(texts, method)
         beams = 1 if method == "greedy" else beam_size
-        sources = [
-            [self.source_tokens[i] for i in self.tokenizer.encode(t)] for t in texts
-        ]
-        longest = max((len(s) for s in sources), default=0)
+        limit = max((len(s) for s in sources), default=0) + MAX_LEN_MARGIN
         results = self.translator.translate_batch(
             sources,
             beam_size=beams,
             length_penalty=alpha if beams > 1 else 0.0,
             max_batch_size=batch_size,
-            max_input_length=0,  # no cut: the model's max_len bounds the input
+            max_input_length=0,  # no cut: _sources refused what the table cannot hold
             min_decoding_length=0,  # the end token may come first, as in chapter 15
-            max_decoding_length=longest + 50,  # the paper's limit (chapter 15)
+            max_decoding_length=min(limit, self.max_len or limit),  # chapter 15's
             suppress_sequences=self.suppress or None,
         )
         outputs = [[self.target_ids[t] for t in r.hypotheses[0]] for r in results]
         return [self.tokenizer.decode(ids) for ids in outputs]
+
+    def _sources(self, texts: Sequence[str], method: str) -> list[list[str]]:
+        """The texts as token strings, or a ValueError for what translate refuses."""
+        if method not in ("beam", "greedy"):
+            raise ValueError(f"method must be 'beam' or 'greedy', got {method!r}.")
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise ValueError("texts must be a list of strings; for one text, [text].")
+        ids = [self.tokenizer.encode(text) for text in texts]
+        limit = self.max_len
+        too_long = [(i, len(s)) for i, s in enumerate(ids) if limit and len(s) > limit]
+        if too_long:
+            raise ValueError(too_long_message(too_long, "texts[{}]", 0, self.max_len))
+        return [[self.source_tokens[i] for i in s] for s in ids]
+
+
+def _checked_export(folder: Path) -> dict[str, Any]:
+    """The manifest of an export, once every file it lists has its digest."""
+    if not (folder / "model.bin").is_file():
+        raise ValueError(
+            f"{folder} holds no CTranslate2 model (no model.bin); write one with "
+            "export_ctranslate2, or `python -m aiayn export --ctranslate2 DIR`."
+        )
+    manifest = export_manifest(folder)
+    if manifest is None:  # an earlier export, or CTranslate2's own converter
+        earlier = folder / DECODING_FILE
+        return json.loads(earlier.read_text()) if earlier.is_file() else {}
+    changed = [
+        name
+        for name, digest in manifest["files"].items()
+        if not (folder / name).is_file() or sha256_file(folder / name) != digest
+    ]
+    if changed:
+        raise ValueError(
+            f"{', '.join(changed)} in {folder} are not the files the export wrote "
+            "(a damaged copy, an interrupted export, or a file replaced since); "
+            "export the model again."
+        )
+    return manifest

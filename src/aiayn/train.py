@@ -728,7 +728,8 @@ class Trainer:
             self.save_checkpoint()
             periodic = c.checkpoint_every and self.step % c.checkpoint_every == 0
             if c.keep_checkpoints and periodic:
-                snapshot = checkpoint_dict(self.model, self.tokenizer)
+                task = self.run.get("task")  # what the model is trained for
+                snapshot = checkpoint_dict(self.model, self.tokenizer, task=task)
                 self.folder.snapshot(snapshot, self.step, c.keep_checkpoints)
 
     def _due(self, every: int) -> bool:
@@ -780,7 +781,10 @@ class Trainer:
         state = self.state_dict()
         if world()[0] != 0:
             return None
-        checkpoint = checkpoint_dict(self.model, self.tokenizer, training=state)
+        task = self.run.get("task")
+        checkpoint = checkpoint_dict(
+            self.model, self.tokenizer, task=task, training=state
+        )
         return write_checkpoint(checkpoint, _checkpoint_path(path, self.folder))
 
     def load_checkpoint(
