@@ -35,8 +35,8 @@ from aiayn.data import (
     load_multi30k,
     pretrained,
     pretrained_file,
-    sha256_file,
 )
+from aiayn.model import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = (4, 0.6)  # the paper's beam size and alpha (section 6.1)

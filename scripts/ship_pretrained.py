@@ -27,7 +27,8 @@ receives:
     runs/RUN.metrics.jsonl.gz  each run's log, as the engine wrote it
     runs/RUN.log               what its training command printed, if RUN.log exists
 
-The digests to put into chapter 16's _PRETRAINED_SHA256 are printed at the end.
+The digests to put into chapter 16's PRETRAINED are printed at the end; once the files are
+committed, that commit goes into PRETRAINED_COMMIT, the address they are downloaded from.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ from aiayn.data import (
     evaluate_bleu,
     load_multi30k,
     save_pretrained,
-    sha256_file,
 )
+from aiayn.model import sha256_file
 from aiayn.train import average_checkpoints, make_loader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(record, indent=2) + "\n", encoding="utf-8"
     )
     print(f"wrote {out}; model.pt: {record['model_bytes']:,} bytes")
-    print("for chapter 16's _PRETRAINED_SHA256:")
+    print("for chapter 16's PRETRAINED (then, once committed, its PRETRAINED_COMMIT):")
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
         print(f"{sha256_file(path)}  {path.relative_to(out.parent)}")
     return 0

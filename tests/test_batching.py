@@ -24,6 +24,7 @@ from aiayn.batching import (
     tokenizer_from_dict,
 )
 from aiayn.masks import padding_mask, target_mask
+from conftest import HANG_S  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -97,7 +98,7 @@ def test_a_subword_tokenizer_rebuilds_in_a_process_that_imported_only_batching()
         "print(type(tok).__module__, type(tok).__name__,\n"
         f"      tok.encode('a dog') == {subword.encode('a dog')})\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["aiayn.data", "SubwordTokenizer", "True"]
 

@@ -14,12 +14,13 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from conftest import HANG_S  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
-def run_script(name: str, *args: str, timeout: int = 120, returncode: int = 0) -> str:
+def run_script(name: str, *args: str, timeout: int = HANG_S, returncode: int = 0) -> str:
     """The stdout of benchmarks/NAME.py ARGS run on one thread, exiting returncode."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args],
@@ -35,7 +36,7 @@ def run_script(name: str, *args: str, timeout: int = 120, returncode: int = 0) -
 
 
 def test_peers_smoke_run_prints_every_table() -> None:
-    out = run_script("peers", "--smoke", timeout=180)
+    out = run_script("peers", "--smoke", timeout=HANG_S)
     assert "## smoke: vocabulary 200, d_model 32" in out
     assert "parameters: aiayn " in out
     for title in ("training step", "memory of one training step"):
@@ -182,7 +183,7 @@ GPU_CHECK_PARTS = ("env", "sync", "amp", "sdpa", "copy", "resume", "cache", "com
 
 def test_gpu_check_small_run_on_a_cpu_lists_every_part(tmp_path) -> None:
     out = run_script("gpu_check", "--small", "--device", "cpu", "--out", str(tmp_path),
-                     timeout=150)
+                     timeout=HANG_S)
     summary = (tmp_path / "summary.txt").read_text()
     assert summary in out  # the same table on stdout
     table = summary.split("\ncheck ", 1)[1].splitlines()[1:]

@@ -9,7 +9,6 @@ from conftest import local_multi30k
 import torch
 
 import aiayn.cli as cli
-import aiayn.data as data
 from aiayn import Transformer
 from aiayn.data import (DATA_ENV, TINY_RECIPE, SubwordTokenizer, load_multi30k,
                         save_translation_model)
@@ -23,7 +22,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer = SubwordTokenizer.train([text for pair in pairs for text in pair], vocab_size=300)
     torch.manual_seed(0)
     model = Transformer(TINY_RECIPE.model_config(tokenizer.vocab_size))
-    return save_translation_model(model, tokenizer, tmp_path_factory.mktemp("bleu") / "model.pt")
+    task = {"data": "multi30k", "direction": "de-en"}  # what a trained checkpoint records
+    return save_translation_model(model, tokenizer, tmp_path_factory.mktemp("bleu") / "model.pt", task)
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_limit_and_output_work_together(checkpoint, capsys, tmp_path, monkeypatc
     code = cli.bleu_main(["--checkpoint", str(checkpoint), "--limit", "2", "--greedy",
                       "--device", "cpu", "--output", str(existing)])
     assert code == 0, capsys.readouterr().err
-    assert "test2016, 2 sentences, greedy" in capsys.readouterr().out
+    assert "test2016 de-en, 2 sentences, greedy" in capsys.readouterr().out
     assert len(existing.read_text(encoding="utf-8").splitlines()) == 2  # replaced, not appended
     fresh = tmp_path / "fresh.txt"  # a refused run leaves no file behind
     assert cli.bleu_main(["--checkpoint", str(tmp_path / "none.pt"), "--output", str(fresh)]) == 2

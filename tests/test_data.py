@@ -12,7 +12,7 @@ import urllib.error
 from pathlib import Path
 
 import pytest
-from conftest import local_multi30k
+from conftest import HANG_S, local_multi30k
 import sacrebleu
 import torch
 
@@ -332,7 +332,7 @@ def run_aiayn(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run([sys.executable, "-m", "aiayn", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=300)
+                          cwd=ROOT, timeout=HANG_S)
 
 
 def test_translate_reads_a_subword_checkpoint_in_a_fresh_process(checkpoint):
@@ -354,7 +354,7 @@ def test_the_preset_trains_two_steps_and_bleu_scores_the_checkpoint(tmp_path):
     scored = run_aiayn("bleu", "--checkpoint", str(tmp_path / "run"), "--limit", "4", "--greedy",
                        "--device", "cpu", "--output", str(tmp_path / "out.txt"), env=env)
     assert scored.returncode == 0, scored.stderr
-    assert "test2016, 4 sentences, greedy: BLEU" in scored.stdout and "signature: nrefs:1|case:mixed" in scored.stdout
+    assert "test2016 de-en, 4 sentences, greedy: BLEU" in scored.stdout and "signature: nrefs:1|case:mixed" in scored.stdout
     assert len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 4
     missing = run_aiayn("bleu", "--checkpoint", str(tmp_path / "none.pt"), env=env)
     assert missing.returncode == 2 and "error:" in missing.stderr

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from aiayn import Transformer, TransformerConfig
 from aiayn.train import TrainConfig, Trainer, encode_pairs, make_loader, synthetic_pairs, synthetic_tokenizer
+from conftest import HANG_S  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 6
@@ -74,7 +75,7 @@ def test_two_processes_train_like_one_process_with_twice_the_batch(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(script), str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=HANG_S,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     # Rank 0 alone logs and writes the checkpoint.
@@ -118,12 +119,12 @@ def test_sigterm_stops_all_processes_after_the_same_update_and_rank_0_saves(tmp_
          "--checkpoint-every", "1000", "--train-size", "2000", "--valid-size", "50", "--checkpoint-dir", "run"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S  # only against a hang
     while not (metrics.exists() and metrics.read_text().count('"loss"') >= 10):
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()
         time.sleep(0.2)
     run.send_signal(signal.SIGTERM)  # torchrun passes it on to both processes
-    _, err = run.communicate(timeout=120)
+    _, err = run.communicate(timeout=HANG_S)
     lines = [line for line in err.splitlines() if line.startswith("interrupted:")]
     assert len(lines) == 1 and "saved to run/last.pt" in lines[0], err  # rank 0 alone reports
     saved = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["training"]

@@ -6,6 +6,8 @@ import datetime
 import math
 import random
 import re
+import subprocess
+import sys
 import warnings
 import zipfile
 
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from aiayn.batching import SymbolTokenizer
 from aiayn.decoder import DecoderCache
 from aiayn.masks import causal_mask, padding_mask
 from aiayn.model import (
@@ -28,6 +31,8 @@ from aiayn.model import (
     read_checkpoint,
     write_checkpoint,
 )
+
+from conftest import HANG_S  # noqa: E402
 
 V = 20
 SRC = torch.tensor([[5, 6, 7, 8, 2, 0, 0], [9, 10, 11, 12, 13, 14, 2], [3, 4, 2, 0, 0, 0, 0]])  # [3, 7]
@@ -577,3 +582,35 @@ def test_weights_with_nan_or_inf_are_never_written_and_are_named(tmp_path):
                                          r"encoder.layers.0.ffn.w_1.weight, decoder.layers.0.ffn.w_2.bias\."):
         model.save(tmp_path / "model.pt")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_file_size_limit_is_named_as_one_not_as_a_full_disk(tmp_path):
+    """At 22e25ab a write stopped by `ulimit -f` was reported as "the disk is full"."""
+    code = (
+        "import resource, signal, sys, torch\n"
+        "from aiayn import Transformer, TransformerConfig\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails, EFBIG\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    Transformer(TransformerConfig.tiny(20)).save(sys.argv[1])\n"
+        "except OSError as err:\n"
+        "    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "model.pt")], capture_output=True,
+                          text=True, timeout=HANG_S)
+    assert "file-size limit (ulimit -f)" in done.stdout, done.stdout + done.stderr
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_a_config_of_another_version_says_so_and_swapped_arguments_are_named():
+    from aiayn.decoding import translate
+    from aiayn.model import nonfinite_weights
+
+    fields = TransformerConfig.tiny(20).to_dict()
+    with pytest.raises(ValueError, match=r"unknown fields \['rope'\].*newer one: update the package"):
+        TransformerConfig.from_dict({**fields, "rope": True})  # at 22e25ab: no version hint
+    tokenizer = SymbolTokenizer([str(i) for i in range(10)])
+    with pytest.raises(ValueError, match="takes a Transformer first, got SymbolTokenizer; are the arguments"):
+        translate(tokenizer, tiny(), ["1 2"])  # at 22e25ab: AttributeError ... 'items'
+    with pytest.raises(ValueError, match="takes a model or a state_dict, got SymbolTokenizer"):
+        nonfinite_weights(tokenizer)

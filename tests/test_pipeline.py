@@ -15,6 +15,7 @@ import yaml
 
 import export
 import new_chapter
+from conftest import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = export.chapter_paths()
@@ -29,7 +30,7 @@ def run_script(root: Path, *args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         cwd=root,
-        timeout=600,
+        timeout=HANG_S,
     )
 
 

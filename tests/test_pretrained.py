@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -22,10 +23,10 @@ from aiayn.data import (
     pretrained_file,
     save_pretrained,
     save_translation_model,
-    sha256_file,
 )
 from aiayn.decoding import translate
-from aiayn.model import read_checkpoint
+from aiayn.model import read_checkpoint, sha256_file
+from conftest import HANG_S
 
 NAME = "tiny-test"  # registered by the fixture; never in the repository's results/
 
@@ -130,7 +131,9 @@ def test_translate_pretrained_runs_and_names_unknown_models(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        "error: no shipped model is called 'multi30k-fr-en'; the models are ['multi30k-de-en', 'multi30k-en-de']."
+        "error: no shipped model is called 'multi30k-fr-en' (did you mean multi30k-de-en?); the shipped "
+        "models are multi30k-de-en, multi30k-en-de. A Hugging Face model is named by its folder, or online "
+        "by owner/model."
     )
 
 
@@ -167,10 +170,10 @@ def test_bleu_scores_the_shipped_model_by_name(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "aiayn", "bleu", "--pretrained", "multi30k-de-en", "--limit", "5",
          "--greedy", "--device", "cpu"],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True, text=True, env=env, timeout=HANG_S,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("test2016, 5 sentences, greedy: BLEU ")
+    assert done.stdout.startswith("test2016 de-en, 5 sentences, greedy: BLEU ")
     assert "signature: nrefs:1|case:mixed|eff:no|tok:13a" in done.stdout
 
 
@@ -196,7 +199,7 @@ def test_many_workers_fetching_into_one_empty_cache_all_succeed(tmp_path, monkey
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=300)
+        t.join(timeout=HANG_S)
     cached = tmp_path / "cache" / "pretrained" / NAME
     assert results == [cached / "big.bin"] * 8
     assert sorted(p.name for p in cached.iterdir()) == ["big.bin"]  # nothing partial left
@@ -224,7 +227,7 @@ def test_translate_pretrained_says_what_the_model_can_translate(name):
     text = "Ein Hund." if name == "multi30k-de-en" else "A dog."
     done = subprocess.run(
         [sys.executable, "-m", "aiayn", "translate", "--pretrained", name, "--greedy", text],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == f"note: {name} {data.PRETRAINED_SCOPE[name]}."  # said once
     scope = data.PRETRAINED_SCOPE[name]
@@ -239,8 +242,91 @@ def test_bleu_of_a_shipped_model_reads_its_own_direction(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "aiayn", "bleu", "--pretrained", "multi30k-en-de", "--limit", "50",
          "--greedy", "--device", "cpu"],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True, text=True, env=env, timeout=HANG_S,
     )
     assert done.returncode == 0, done.stderr
     score = float(done.stdout.split("BLEU ")[1].split()[0])
     assert score > 20, done.stdout  # the wrong direction scores near 0
+
+
+# --- addresses that never change, and what is left in the cache ---------------------------------
+
+def git(*args: str) -> bytes:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, check=True, timeout=HANG_S).stdout
+
+
+def history() -> None:
+    """Skip where the checkout has no history to read (an archive, or a shallow clone)."""
+    try:
+        shallow = git("rev-parse", "--is-shallow-repository").strip() == b"true"
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    if shallow:
+        pytest.skip("a shallow clone: the commits of the shipped models are not here")
+
+
+@pytest.mark.parametrize("name", SHIPPED_NAMES)
+def test_each_shipped_model_is_downloaded_from_the_commit_that_holds_its_files(name):
+    """At 22e25ab the address was the main branch: a model replaced there broke older installs."""
+    history()
+    commit = data.PRETRAINED_COMMIT[name]
+    url = data.pretrained_url(name, "model.pt")
+    assert url == f"https://raw.githubusercontent.com/literate-transformer/aiayn/{commit}/results/{name}/model.pt"
+    assert git("merge-base", "--is-ancestor", commit, "HEAD") == b""  # published history: it stays
+    for file, digest in data.PRETRAINED[name].items():
+        blob = git("show", f"{commit}:results/{name}/{file}")
+        assert hashlib.sha256(blob).hexdigest() == digest, file
+
+
+def test_an_older_install_still_downloads_its_own_model(tmp_path, monkeypatch):
+    """The first multi30k-de-en, replaced since: an install pinned to it still gets its bytes."""
+    history()
+    first = "f6ca601164a9e7196f58d3be9361aec9a475bc37"  # the commit that shipped the first model
+    old = git("show", f"{first}:results/multi30k-de-en/model.pt")
+    mirror = tmp_path / "raw"  # raw.githubusercontent.com: every commit's files at their path
+    for commit, blob in ((first, old), ("main", (ROOT / "results/multi30k-de-en/model.pt").read_bytes())):
+        (mirror / commit / "results" / "multi30k-de-en").mkdir(parents=True)
+        (mirror / commit / "results" / "multi30k-de-en" / "model.pt").write_bytes(blob)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(PRETRAINED_ENV, raising=False)
+    monkeypatch.setattr(data, "PRETRAINED_REPOSITORY", mirror.as_uri())
+    monkeypatch.setitem(data.PRETRAINED, "multi30k-de-en", {"model.pt": hashlib.sha256(old).hexdigest()})
+    monkeypatch.setitem(data.PRETRAINED_COMMIT, "multi30k-de-en", first)
+    path = pretrained_file("multi30k-de-en")  # not the checkout's: its digest is the new model's
+    assert path == tmp_path / "cache" / "pretrained" / "multi30k-de-en" / "model.pt"
+    assert path.read_bytes() == old
+    path.unlink()
+    (mirror / first / "results/multi30k-de-en/model.pt").write_bytes(b"other bytes")
+    with pytest.raises(ValueError, match=rf"expected .*This version of the package ships the file at "
+                                         rf".*/{first}/results/multi30k-de-en/model.pt; download it into"):
+        pretrained_file("multi30k-de-en")
+
+
+def test_a_damaged_copy_in_a_cache_that_cannot_be_written_is_named(shipped, tmp_path, monkeypatch):
+    """At 22e25ab a read-only cache with a damaged copy said only that the cache is read-only."""
+    _, mirror = shipped
+    path = pretrained_file(NAME, base_url=mirror.as_uri())
+    path.write_bytes(b"damaged")
+
+    def read_only(directory):
+        raise ValueError(f"cannot write to the cache, {directory} (Read-only file system)")
+
+    monkeypatch.setattr(data, "_check_writable", read_only)
+    with pytest.raises(ValueError, match=r"the cached copy .*model.pt is damaged .*Read-only file system"):
+        pretrained_file(NAME, base_url=mirror.as_uri())
+
+
+def test_a_good_download_removes_what_killed_downloads_left(shipped, tmp_path):
+    """At 22e25ab a killed download's partial file stayed in the cache for good."""
+    _, mirror = shipped
+    folder = tmp_path / "cache" / "pretrained" / NAME
+    folder.mkdir(parents=True)
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, check=True, timeout=HANG_S)
+    dead = int(ended.stdout)  # a process that has ended
+    killed = folder / f"model.pt.{dead}.{'a' * 32}.download.{'b' * 32}.partial"
+    running = folder / f"model.pt.{os.getpid()}.{'c' * 32}.download.{'d' * 32}.partial"
+    killed.write_bytes(b"half")
+    running.write_bytes(b"half, and still being written")
+    pretrained_file(NAME, base_url=mirror.as_uri())
+    assert not killed.exists() and running.exists()  # another thread of a live process may own it

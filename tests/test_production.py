@@ -289,8 +289,9 @@ def test_the_package_imports_without_the_extras() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
     ).stdout
-    assert 'pip install "aiayn[hf]"' in out, out
-    assert 'pip install "aiayn[ctranslate2]"' in out, out
+    assert "pip install transformers sentencepiece sacremoses, or pip install " \
+           '"aiayn[hf] @ git+https://github.com/literate-transformer/aiayn"' in out, out
+    assert 'pip install ctranslate2, or pip install "aiayn[ctranslate2] @ git+' in out, out
 
 
 def test_from_huggingface_refuses_what_it_cannot_convert() -> None:
@@ -302,6 +303,37 @@ def test_from_huggingface_refuses_what_it_cannot_convert() -> None:
     odd = marian(SIZES[0], activation_function="tanh")
     with pytest.raises(ValueError, match="activation 'tanh'"):
         from_huggingface(odd)
+    from transformers import MarianForCausalLM
+
+    decoder_only = MarianForCausalLM(odd.config)  # at 22e25ab: an AttributeError
+    with pytest.raises(ValueError, match="got MarianForCausalLM"):
+        from_huggingface(decoder_only)
+
+
+def test_a_folder_without_tokenizer_or_with_a_pickle_is_one_line(tmp_path: Path) -> None:
+    """At 22e25ab: a 38-line TypeError, and a 32-line UnpicklingError."""
+    import os
+
+    torch.manual_seed(0)
+    folder = tmp_path / "no-tokenizer"
+    marian(SIZES[0]).save_pretrained(folder)
+    with pytest.raises(ValueError, match="holds no tokenizer that transformers can read") as caught:
+        load_huggingface(folder)
+    assert "\n" not in str(caught.value) and "source.spm" in str(caught.value)
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("echo this must never run",))
+
+    pickled = tmp_path / "pickled"
+    marian(SIZES[0]).save_pretrained(pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save({"model.shared.weight": Payload()}, pickled / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="pickled weights file .* refuses to run") as caught:
+        load_huggingface(pickled)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ValueError, match="cannot load .*missing"):
+        load_huggingface(tmp_path / "missing")
 
 
 class Strings:
@@ -325,7 +357,7 @@ def test_converted_models_export_to_ctranslate2_exactly(family: str, tmp_path: P
     src = padded_batch(c)[0]
     mine = greedy_search(model, src, max_len=12)
     sources = [[f"t{i}" for i in row if i != c.pad_id] for row in src.tolist()]
-    banned = json.loads((tmp_path / "ct2" / "aiayn_decoding.json").read_text())
+    banned = json.loads((tmp_path / "ct2" / "aiayn_export.json").read_text())
     assert banned["suppress_tokens"] == [f"t{c.pad_id}"]  # the start is pad, or </s>
     results = translator.translate_batch(
         sources,
@@ -375,7 +407,7 @@ def test_export_command(shipped: tuple, tmp_path: Path, capsys: Any) -> None:
     ) == 0
     assert "7,578,624 parameters in int8" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {
-        "aiayn_decoding.json",
+        "aiayn_export.json",
         "config.json",
         "model.bin",
         "shared_vocabulary.json",
@@ -388,7 +420,7 @@ def test_export_command(shipped: tuple, tmp_path: Path, capsys: Any) -> None:
     keep.mkdir()
     (keep / "notes.txt").write_text("keep me")
     assert export_main(["--ctranslate2", str(keep), "--pretrained", "multi30k-de-en"]) == 2
-    assert "holds files that are not a CTranslate2 model" in capsys.readouterr().err
+    assert "holds files that no export of this package wrote" in capsys.readouterr().err
     assert (keep / "notes.txt").read_text() == "keep me"
 
     bare = tmp_path / "bare.pt"
@@ -396,9 +428,9 @@ def test_export_command(shipped: tuple, tmp_path: Path, capsys: Any) -> None:
     args = ["--ctranslate2", str(tmp_path / "x"), "--checkpoint", str(bare)]
     assert export_main(args) == 2
     assert "holds no tokenizer" in capsys.readouterr().err
-    missing = tmp_path / "no-such-model"  # not shipped: read as a Hugging Face folder
+    missing = tmp_path / "no-such-model"  # not shipped, not a folder
     assert export_main(["--ctranslate2", str(tmp_path / "y"), "--pretrained", str(missing)]) == 2
-    assert capsys.readouterr().err.startswith("error: ")
+    assert capsys.readouterr().err == f"error: there is no folder {missing}.\n"
     with pytest.raises(SystemExit):
         export_main(["--ctranslate2", str(tmp_path / "x")])
     assert "one of the arguments --checkpoint --pretrained is required" in (
@@ -438,3 +470,31 @@ def test_a_start_token_that_is_padding_decodes_as_with_the_cache() -> None:
         steps = [model.decode(tgt[:, i : i + 1], memory, src, cache) for i in range(4)]
     assert torch.isfinite(full).all()
     assert torch.allclose(full, torch.cat(steps, dim=1), atol=1e-5)
+
+
+def test_ctranslate2_model_caps_outputs_at_the_position_table(tmp_path: Path) -> None:
+    """At 22e25ab a Marian of 64 positions failed on 5 short texts that translate handles."""
+    tokenizer, size = sentencepiece_marian(tmp_path)
+    torch.manual_seed(0)
+    config = MarianConfig(
+        vocab_size=size,
+        pad_token_id=size - 1,
+        decoder_start_token_id=size - 1,
+        eos_token_id=0,
+        activation_function="swish",
+        **sizes(*SIZES[0]),  # 64 positions; random weights rarely end a sentence
+    )
+    folder = tmp_path / "model"
+    MarianMTModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    model, ours = load_huggingface(folder)
+    texts = ["zwei Kinder spielen im Schnee und eine Frau liest ein Buch"] * 5
+    assert len(ours.encode(texts[0])) + 50 > model.config.max_len == 64
+    book = translate(model, ours, texts, method="greedy")
+    export_ctranslate2(model, ours, tmp_path / "ct2")
+    engine = CTranslate2Model(tmp_path / "ct2", ours)
+    assert engine.translate(texts, method="greedy") == book
+    with pytest.raises(ValueError, match="texts must be a list of strings"):
+        engine.translate("ein Hund")  # at 22e25ab: translated character by character
+    with pytest.raises(ValueError, match="method must be 'beam' or 'greedy', got 'sample'"):
+        engine.translate(["ein Hund"], method="sample")  # at 22e25ab: run as beam search

@@ -11,7 +11,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import decoding_grid  # noqa: E402
 import ship_pretrained  # noqa: E402
-from aiayn.data import sha256_file  # noqa: E402
+
+from aiayn.model import sha256_file  # noqa: E402
 
 
 def test_a_run_offers_last_averaged_and_the_mean_of_its_last_k_snapshots(

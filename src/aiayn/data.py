@@ -48,6 +48,7 @@ from aiayn.model import (
     TransformerConfig,
     atomic_file,
     checkpoint_dict,
+    sha256_file,
     write_checkpoint,
 )
 from aiayn.train import (
@@ -102,7 +103,6 @@ __all__ = [
     "save_pretrained",
     "save_translation_model",
     "schedule",
-    "sha256_file",
     "split_files",
     "train_multi30k",
 ]
@@ -136,15 +136,6 @@ def cache_dir() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aiayn"
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """The SHA-256 digest of a file's bytes, in hex (chapter 16)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def split_files(split: str) -> list[str]:

@@ -645,11 +645,10 @@ def translate(
         for (i, _), ids in zip(chunk, result.tokens.tolist()):
             outputs[i] = tokenizer.decode(ids)
         if on_batch is not None:  # up to the next text to decode, or to the end
-            end = (
-                todo[first + batch_size][0] if first + batch_size < len(todo) else None
-            )
+            more = first + batch_size < len(todo)
+            end = todo[first + batch_size][0] if more else len(outputs)
             on_batch(outputs[done:end])
-            done = len(outputs) if end is None else end
+            done = end
     if on_batch is not None and done < len(outputs):  # no text to decode at all
         on_batch(outputs[done:])
     return outputs
@@ -691,12 +690,14 @@ def _check_translate(
 
 
 def _warn_unknown(tokenizer: Any, encoded: list[tuple[int, list[int]]]) -> None:
-    """Warn about texts that the vocabulary cannot read at all: all unknown tokens."""
+    """Warn about texts that the vocabulary cannot read: mostly unknown tokens."""
     unk = getattr(tokenizer, "unk_id", None)
-    lost = [i for i, ids in encoded if unk is not None and ids and set(ids) == {unk}]
+    lost = [
+        i for i, ids in encoded if unk is not None and 2 * ids.count(unk) > len(ids)
+    ]
     if lost:
         warnings.warn(
-            f"{len(lost)} text(s) are nothing but unknown tokens for this tokenizer "
+            f"{len(lost)} text(s) are mostly unknown tokens for this tokenizer "
             f"(texts[{lost[0]}] first): another language or vocabulary than the "
             "model's?",
             stacklevel=3,

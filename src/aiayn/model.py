@@ -48,6 +48,7 @@ __all__ = [
     "load_state_dict_checked",
     "nonfinite_weights",
     "read_checkpoint",
+    "sha256_file",
     "show_error",
     "write_checkpoint",
 ]
@@ -701,6 +702,15 @@ def _hash_into(digest: Any, obj: Any) -> None:
             _hash_into(digest, item)
     else:
         part(b"V", f"{type(obj).__name__} {obj!r}".encode())
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 digest of a file's bytes, in hex (chapter 9)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def nonfinite_weights(state: Mapping[str, Tensor] | nn.Module) -> list[str]:

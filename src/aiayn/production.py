@@ -23,9 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from aiayn.data import sha256_file
 from aiayn.decoding import MAX_LEN_MARGIN, never_generated, too_long_message
-from aiayn.model import Transformer, TransformerConfig
+from aiayn.model import Transformer, TransformerConfig, sha256_file
 from aiayn.viz import token_strings
 
 __all__ = [

@@ -78,6 +78,7 @@ __all__ = [
     "load_scaler",
     "make_loader",
     "make_scaler",
+    "model_checkpoint",
     "recipe_differences",
     "recipe_parts",
     "saved_train_config",
@@ -728,8 +729,7 @@ class Trainer:
             self.save_checkpoint()
             periodic = c.checkpoint_every and self.step % c.checkpoint_every == 0
             if c.keep_checkpoints and periodic:
-                task = self.run.get("task")  # what the model is trained for
-                snapshot = checkpoint_dict(self.model, self.tokenizer, task=task)
+                snapshot = model_checkpoint(self)
                 self.folder.snapshot(snapshot, self.step, c.keep_checkpoints)
 
     def _due(self, every: int) -> bool:
@@ -781,10 +781,7 @@ class Trainer:
         state = self.state_dict()
         if world()[0] != 0:
             return None
-        task = self.run.get("task")
-        checkpoint = checkpoint_dict(
-            self.model, self.tokenizer, task=task, training=state
-        )
+        checkpoint = model_checkpoint(self, training=state)
         return write_checkpoint(checkpoint, _checkpoint_path(path, self.folder))
 
     def load_checkpoint(
@@ -951,6 +948,12 @@ class RunFolder:
         for old in self.snapshots()[:-keep]:
             old.unlink()
         return path
+
+
+def model_checkpoint(trainer: Any, **extra: Any) -> dict[str, Any]:
+    """checkpoint_dict of a trainer's model, tokenizer and its run's task (ch. 13)."""
+    task = trainer.run.get("task")  # what the model is trained for
+    return checkpoint_dict(trainer.model, trainer.tokenizer, task=task, **extra)
 
 
 TRAINING_VERSION = 2  # of the "training" entry of a checkpoint

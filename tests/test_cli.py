@@ -1,0 +1,349 @@
+"""The command line (chapter 20) as a user meets it: nothing lost, nothing scored wrongly.
+
+Each test here tries what a careful user would (an export into a folder of their own files,
+a full disk, Ctrl-C in a long translation, a model of the other direction) and checks that
+no file is lost, no score is silently wrong, and a mistake is one line that says what to do.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aiayn.cli as cli
+from aiayn.cli import bleu_main, export_main, translate_main
+from aiayn.data import load_multi30k, pretrained
+from conftest import HANG_S, local_multi30k
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = {"de-en": ROOT / "results" / "multi30k-de-en" / "model.pt",
+           "en-de": ROOT / "results" / "multi30k-en-de" / "model.pt"}
+ct2 = pytest.importorskip("ctranslate2")  # in requirements.txt; the export tests need it
+
+
+def aiayn(*args: str, stdin: str | None = None, **popen: Any) -> subprocess.CompletedProcess:
+    """`python -m aiayn ARGS`, as a user runs it, on one thread."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AIAYN_MULTI30K_DIR": str(local_multi30k())}
+    return subprocess.run([sys.executable, "-m", "aiayn", *args], input=stdin, capture_output=True,
+                          text=True, env=env, timeout=HANG_S, **popen)
+
+
+def digests(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+# --- export: never delete what the package did not write ------------------------------------
+
+def test_export_into_a_folder_of_other_files_deletes_nothing(tmp_path, monkeypatch, capsys):
+    """At 22e25ab, `export --ctranslate2 .` emptied the working directory."""
+    (tmp_path / "notes.txt").write_text("keep me")
+    (tmp_path / "model.bin").write_text("not a model, but a file of mine")  # looked like an export
+    monkeypatch.chdir(tmp_path)
+    assert export_main(["--ctranslate2", ".", "--pretrained", "multi30k-de-en"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds files that no export of this package wrote" in err
+    assert sorted(os.listdir(tmp_path)) == ["model.bin", "notes.txt"]
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+def test_a_new_export_replaces_an_earlier_one_and_keeps_the_users_files(tmp_path, capsys):
+    out = tmp_path / "export"
+    assert export_main(["--ctranslate2", str(out), "--pretrained", "multi30k-de-en"]) == 0
+    (out / "README.txt").write_text("my notes")
+    assert export_main(["--ctranslate2", str(out), "--pretrained", "multi30k-de-en",
+                        "--quantization", "int8"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.txt", "aiayn_export.json", "config.json", "model.bin", "shared_vocabulary.json"]
+    assert (out / "README.txt").read_text() == "my notes"
+    manifest = json.loads((out / "aiayn_export.json").read_text())
+    assert manifest["quantization"] == "int8" and set(manifest["files"]) == {
+        "config.json", "model.bin", "shared_vocabulary.json"}
+    assert manifest["task"] == {"data": "multi30k", "direction": "de-en"}  # the shipped file's
+
+
+def test_an_export_of_an_earlier_version_is_recognised_and_replaced(tmp_path, capsys):
+    """Before the manifest, an export wrote aiayn_decoding.json beside CTranslate2's files."""
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("model.bin", "config.json", "shared_vocabulary.json", "aiayn_decoding.json"):
+        (old / name).write_text("{}")
+    (old / "mine.txt").write_text("keep me")
+    assert export_main(["--ctranslate2", str(old), "--pretrained", "multi30k-de-en"]) == 0
+    assert sorted(p.name for p in old.iterdir()) == [
+        "aiayn_export.json", "config.json", "mine.txt", "model.bin", "shared_vocabulary.json"]
+
+
+def test_an_export_on_a_full_disk_leaves_the_earlier_export_intact(tmp_path, monkeypatch, capsys):
+    """At 22e25ab: the raw [Errno 28], a half-written folder, and the earlier export deleted."""
+    import ctranslate2.specs.model_spec as model_spec
+
+    model, tokenizer = pretrained("multi30k-de-en")
+    good = tmp_path / "export"
+    assert export_main(["--ctranslate2", str(good), "--pretrained", "multi30k-de-en"]) == 0
+    capsys.readouterr()
+    before = digests(good)
+
+    def full_disk(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if str(file).endswith("model.bin"):  # CTranslate2 writes the weights with open()
+            return open("/dev/full", mode, *args, **kwargs)
+        return open(file, mode, *args, **kwargs)
+
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    monkeypatch.setattr(model_spec, "open", full_disk, raising=False)
+    assert export_main(["--ctranslate2", str(good), "--pretrained", "multi30k-de-en",
+                        "--quantization", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err and "as it was" in err
+    assert digests(good) == before  # the earlier export, untouched
+    from aiayn.production import CTranslate2Model
+
+    assert CTranslate2Model(good, tokenizer).translate(["Ein Hund."], method="greedy")
+    fresh = tmp_path / "fresh"
+    assert export_main(["--ctranslate2", str(fresh), "--pretrained", "multi30k-de-en"]) == 2
+    assert not fresh.exists() and "nothing was written" in capsys.readouterr().err
+
+
+def test_an_export_through_a_symbolic_link_writes_into_its_target(tmp_path, capsys):
+    """At 22e25ab: "Cannot call rmtree on a symbolic link"."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    assert export_main(["--ctranslate2", str(tmp_path / "link"), "--pretrained", "multi30k-de-en"]) == 0
+    assert (tmp_path / "link").is_symlink() and (target / "model.bin").is_file()
+
+
+def test_two_exports_into_one_folder_at_once_are_refused(tmp_path, capsys):
+    """At 22e25ab both reported success. The lock is held here as a running export holds it."""
+    import fcntl
+
+    out = tmp_path / "export"
+    assert export_main(["--ctranslate2", str(out), "--pretrained", "multi30k-de-en"]) == 0
+    before = digests(out)
+    with open(out / ".aiayn-export.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert export_main(["--ctranslate2", str(out), "--pretrained", "multi30k-de-en",
+                            "--quantization", "int8"]) == 2
+    assert "another export is writing into" in capsys.readouterr().err
+    assert {k: v for k, v in digests(out).items() if k != ".aiayn-export.lock"} == before
+
+
+def test_a_damaged_export_is_refused_and_a_killed_one_cleaned_up(tmp_path, capsys):
+    """At 22e25ab a model.bin with one flipped byte loaded silently."""
+    from aiayn.production import CTranslate2Model
+
+    _, tokenizer = pretrained("multi30k-de-en")
+    out = tmp_path / "export"
+    assert export_main(["--ctranslate2", str(out), "--pretrained", "multi30k-de-en"]) == 0
+    weights = bytearray((out / "model.bin").read_bytes())
+    weights[len(weights) // 3] ^= 0x10
+    (out / "model.bin").write_bytes(weights)
+    with pytest.raises(ValueError, match="model.bin in .* are not the files the export wrote"):
+        CTranslate2Model(out, tokenizer)
+    (out / ".aiayn-export-killed").mkdir()  # the staging folder of a killed export
+    assert export_main(["--ctranslate2", str(out), "--pretrained", "multi30k-de-en"]) == 0
+    assert not (out / ".aiayn-export-killed").exists()
+    assert CTranslate2Model(out, tokenizer).translate(["Ein Hund."], method="greedy")
+
+
+# --- every command reads the direction a model was trained for ------------------------------
+
+def test_bleu_reads_the_direction_of_a_checkpoint(capsys):
+    """At 22e25ab `bleu --checkpoint` scored an English-to-German model as German-to-English."""
+    assert bleu_main(["--checkpoint", str(SHIPPED["en-de"]), "--limit", "40", "--greedy",
+                      "--data-dir", str(local_multi30k()), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("test2016 en-de, 40 sentences, greedy: BLEU ")
+    assert float(out.split("BLEU ")[1].split()[0]) > 20  # the wrong direction scores near 0
+
+
+@pytest.mark.parametrize("how", ["--pretrained", "--checkpoint"])
+def test_a_direction_that_contradicts_the_model_is_an_error_naming_both(how, capsys):
+    model = "multi30k-en-de" if how == "--pretrained" else str(SHIPPED["en-de"])
+    for main in (bleu_main, translate_main):
+        args = [how, model, "--direction", "de-en"] + (["A dog."] if main is translate_main else [])
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("error: ") and "trained for en-de, not for de-en" in err
+
+
+def test_a_checkpoint_that_does_not_record_its_direction_needs_one(tmp_path, capsys):
+    from aiayn.model import read_checkpoint, write_checkpoint
+
+    saved = read_checkpoint(SHIPPED["en-de"])
+    saved.pop("task", None)
+    saved["state_dict"] = {k: v.float() for k, v in saved["state_dict"].items()}  # other bytes
+    path = write_checkpoint(saved, tmp_path / "plain.pt")
+    assert bleu_main(["--checkpoint", str(path), "--limit", "5", "--greedy"]) == 2
+    assert "does not record which direction it translates; give --direction" in (
+        capsys.readouterr().err)
+
+
+def test_a_trained_checkpoint_records_its_task_and_export_carries_it(tmp_path, capsys):
+    from aiayn.model import read_checkpoint
+
+    done = aiayn("train", "--preset", "multi30k-en-de", "--model", "tiny", "--steps", "2",
+                 "--train-size", "200", "--bleu-size", "4", "--checkpoint-dir", str(tmp_path / "run"),
+                 "--no-progress", "--keep-checkpoints", "2", "--checkpoint-every", "1")
+    assert done.returncode == 0, done.stderr
+    for name in ("last.pt", "averaged.pt", "step_00000002.pt"):
+        task = read_checkpoint(tmp_path / "run" / name)["task"]
+        assert task == {"data": "multi30k", "direction": "en-de"}, name
+    out = tmp_path / "export"
+    assert export_main(["--ctranslate2", str(out), "--checkpoint", str(tmp_path / "run")]) == 0
+    assert json.loads((out / "aiayn_export.json").read_text())["task"]["direction"] == "en-de"
+    assert export_main(["--ctranslate2", str(tmp_path / "x"), "--checkpoint", str(tmp_path / "run"),
+                        "--direction", "de-en"]) == 2
+
+
+def test_bleu_refuses_a_model_of_a_synthetic_task(tmp_path, capsys):
+    done = aiayn("train", "--task", "copy", "--steps", "2", "--checkpoint-dir", str(tmp_path / "copy"),
+                 "--no-progress", "--train-size", "100", "--valid-size", "10")
+    assert done.returncode == 0, done.stderr
+    assert bleu_main(["--checkpoint", str(tmp_path / "copy"), "--limit", "3"]) == 2
+    assert "trained on the task 'copy', not on Multi30k" in capsys.readouterr().err
+
+
+# --- translate: finished lines are kept; signals and full disks are one line ----------------
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_keeps_the_finished_lines_and_says_how_far_it_got(tmp_path, signum):
+    """At 22e25ab, 0 of 3,000 lines were written after 25 s, and Ctrl-C printed 74 lines."""
+    sources = [source for source, _ in load_multi30k("train", root=local_multi30k())[:3000]]
+    (tmp_path / "in.de").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(tmp_path / "in.de", "rb") as stdin, open(tmp_path / "out.en", "wb") as stdout:
+        run = subprocess.Popen([sys.executable, "-m", "aiayn", "translate", "--pretrained", "multi30k-de-en",
+                                "--greedy", "--batch-size", "8"], stdin=stdin, stdout=stdout,
+                               stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.monotonic() + HANG_S
+        while (tmp_path / "out.en").stat().st_size == 0:  # the first batch is written
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+            time.sleep(0.05)
+        run.send_signal(signum)
+        _, err = run.communicate(timeout=HANG_S)
+    assert run.returncode == 128 + signum
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and last.startswith(f"interrupted by {signal.Signals(signum).name}: ")
+    written = (tmp_path / "out.en").read_text(encoding="utf-8").splitlines()
+    assert last.endswith(f": {len(written)} of 3000 lines written") and len(written) % 8 == 0
+    from aiayn.decoding import translate
+
+    model, tokenizer = pretrained("multi30k-de-en")  # the first batch, as a whole run writes it
+    assert written[:8] == translate(model, tokenizer, sources[:8], method="greedy", batch_size=8)
+
+
+def test_bleu_stopped_by_ctrl_c_says_so_in_one_line(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AIAYN_MULTI30K_DIR": str(local_multi30k())}
+    run = subprocess.Popen([sys.executable, "-c", (
+        "import sys, threading, os, signal, time\n"
+        "from aiayn.cli import bleu_main\n"
+        "import aiayn.cli as cli\n"
+        "real = cli.evaluate_bleu\n"
+        "def slow(*a, **k):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(60)\n"
+        "cli.evaluate_bleu = slow\n"
+        "sys.exit(bleu_main(['--pretrained', 'multi30k-de-en', '--limit', '3']))\n")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out, err = run.communicate(timeout=HANG_S)
+    assert run.returncode == 130 and out == ""
+    assert err.strip().splitlines()[-1] == "interrupted by SIGINT: nothing scored"
+    assert "Traceback" not in err
+
+
+def test_translate_to_a_full_disk_is_one_error_line():
+    """At 22e25ab: a traceback (cli.py:667)."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "aiayn", "translate", "--pretrained", "multi30k-de-en", "--greedy",
+             "Ein Hund.", "Zwei Katzen."], stdout=full, stderr=subprocess.PIPE, text=True,
+            timeout=HANG_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("note: ")]
+    assert done.returncode == 2 and errors == [
+        "error: cannot write the translations (No space left on device); 0 of 2 lines written."]
+
+
+def test_a_closed_pipe_ends_translate_quietly():
+    """`translate ... | head -1`: the reader has what it wants; no traceback, no error line."""
+    run = subprocess.Popen([sys.executable, "-m", "aiayn", "translate", "--pretrained", "multi30k-de-en",
+                            "--greedy", "--batch-size", "1", *["Ein Hund."] * 50],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    first = run.stdout.readline()
+    run.stdout.close()
+    err = run.stderr.read()
+    run.wait(timeout=HANG_S)
+    assert first == "A dog.\n" and "Traceback" not in err and "error" not in err
+    assert run.returncode in (0, 128 + signal.SIGPIPE)
+
+
+# --- names, threads, warnings ---------------------------------------------------------------
+
+def test_a_mistyped_shipped_name_is_refused_at_once_with_the_closest(capsys, monkeypatch):
+    """At 22e25ab: 29 s of retries against the hub, then a message that blamed the network."""
+    monkeypatch.setattr(cli, "load_huggingface", lambda *a: pytest.fail("went to the hub"))
+    assert export_main(["--ctranslate2", "x", "--pretrained", "multi30k-de-em"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no shipped model is called 'multi30k-de-em'" in err
+    assert "did you mean multi30k-de-en?" in err
+    for missing in ("./models/opus", "/nonexistent/opus-mt"):
+        assert export_main(["--ctranslate2", "x", "--pretrained", missing]) == 2
+        assert capsys.readouterr().err == f"error: there is no folder {missing}.\n"
+    assert translate_main(["--pretrained", "multi30k-fr-en", "Un chien."]) == 2
+    assert "no shipped model is called 'multi30k-fr-en'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("threads", ["-1", "0", "two"])
+def test_threads_must_be_a_whole_number_of_at_least_one(threads, capsys):
+    """At 22e25ab: -1 gave a 17-line RuntimeError, 0 silently meant 1."""
+    for main, extra in ((translate_main, ["Ein Hund."]), (bleu_main, [])):
+        with pytest.raises(SystemExit) as stopped:
+            main(["--pretrained", "multi30k-de-en", "--threads", threads, *extra])
+        assert stopped.value.code == 2
+        assert f"argument --threads: must be a whole number >= 1, got '{threads}'" in capsys.readouterr().err
+
+
+def test_warnings_reach_a_user_as_one_line():
+    done = aiayn("translate", "--pretrained", "multi30k-de-en", "--greedy", "ᚠᚢᚦ")  # runes: all unknown
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("note: ")]
+    assert done.returncode == 0, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("warning: 1 text(s) are mostly unknown tokens")
+    assert ".py" not in done.stderr  # no source path, no source line
+
+
+def test_the_install_hint_names_what_installs():
+    """At 22e25ab: `pip install "aiayn[hf]"`, but no aiayn is on the package index."""
+    code = ("import sys; sys.modules['transformers'] = None; sys.modules['ctranslate2'] = None\n"
+            "from aiayn.production import export_ctranslate2, load_huggingface\n"
+            "for call in (lambda: load_huggingface('x'), lambda: export_ctranslate2(None, None, 'x')):\n"
+            "    try:\n        call()\n    except ImportError as err:\n        print(err)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=HANG_S).stdout.splitlines()
+    assert out == [
+        "this needs transformers, which is not installed: pip install transformers sentencepiece "
+        'sacremoses, or pip install "aiayn[hf] @ git+https://github.com/literate-transformer/aiayn".',
+        "this needs ctranslate2, which is not installed: pip install ctranslate2, or pip install "
+        '"aiayn[ctranslate2] @ git+https://github.com/literate-transformer/aiayn".',
+    ]
+
+
+def test_errno_of_the_export_failure_is_kept_for_callers(tmp_path):
+    """The one-line message is an OSError still, with the cause chained for a program to read."""
+    from aiayn.production import export_folder
+
+    with pytest.raises(OSError) as failed:
+        with export_folder(tmp_path / "x", {}) as staging:
+            raise OSError(errno.ENOSPC, "No space left on device", str(staging / "model.bin"))
+    assert failed.value.__cause__.errno == errno.ENOSPC and not (tmp_path / "x").exists()
