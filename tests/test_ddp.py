@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -130,3 +131,29 @@ def test_sigterm_stops_all_processes_after_the_same_update_and_rank_0_saves(tmp_
     saved = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["training"]
     assert saved["step"] >= 10 and len(saved["rng"]) == 2  # both processes' random states
     assert f"after step {saved['step']};" in lines[0]  # saved at the step where both stopped
+
+
+@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed")
+def test_ctrl_c_twice_under_torchrun_is_answered_at_once_and_keeps_the_save(tmp_path):
+    """At 22e25ab nothing was said at the first Ctrl-C, and a second one 3 s later lost the save."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "aiayn",
+         "train", "--task", "copy", "--steps", "3000", "--device", "cpu", "--no-progress", "--log-every", "5",
+         "--checkpoint-every", "1000", "--train-size", "2000", "--valid-size", "50", "--checkpoint-dir", "run"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)  # a group of its own, as a terminal's foreground job
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + HANG_S
+    while not (metrics.exists() and metrics.read_text().count('"loss"') >= 10):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.2)
+    os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the terminal signals every process of the group
+    time.sleep(3)
+    with contextlib.suppress(ProcessLookupError):  # the run may have saved and ended already
+        os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=HANG_S)
+    said = [line for line in err.splitlines() if line.startswith("SIGINT: the run stops after this update")]
+    assert len(said) == 1, err  # rank 0 answers the first signal, once
+    assert sum(line.startswith("interrupted: stopped by SIGINT") for line in err.splitlines()) == 1, err
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["training"]["step"] >= 10
