@@ -16,7 +16,8 @@ the repetitions, its spread (min-max), the ratio to the book's eager median, and
 the BLEU of the output (sacreBLEU, as chapter 16 scores). The greedy outputs of the
 float32 export must equal the book's; the script says how many do.
 
-    python benchmarks/ctranslate2_speed.py --out benchmarks/results/ctranslate2-speed.json
+    python benchmarks/ctranslate2_speed.py \\
+        --out benchmarks/results/ctranslate2-speed.json
 
 Multi30k is read from $AIAYN_MULTI30K_DIR (or downloaded), or from --data-dir.
 """
@@ -56,7 +57,9 @@ def cpu_name() -> str:
 def book_engine(model, tokenizer, batch_size):
     def run(texts, method):
         with torch.no_grad():
-            return translate(model, tokenizer, texts, method=method, batch_size=batch_size)
+            return translate(
+                model, tokenizer, texts, method=method, batch_size=batch_size
+            )
 
     return run
 
@@ -103,7 +106,9 @@ def main() -> None:
     engines = {
         "book, eager": book_engine(model, tokenizer, args.batch_size),
         "book, torch.compile": compiled_book_engine(tokenizer, args.batch_size),
-        "CTranslate2, float32": ct2_engine(folder / "float32", tokenizer, args.batch_size),
+        "CTranslate2, float32": ct2_engine(
+            folder / "float32", tokenizer, args.batch_size
+        ),
         "CTranslate2, int8": ct2_engine(folder / "int8", tokenizer, args.batch_size),
     }
     searches = {"greedy": "greedy", "beam 4": "beam"}

@@ -36,7 +36,7 @@ from aiayn.decoding import beam_search, greedy_search
 from aiayn.multi_head import KVCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers.py, next to this file
-import peers  # noqa: E402
+import peers
 
 
 class BufferCache:
@@ -102,8 +102,12 @@ class BufferCache:
 _project = multi_head.MultiHeadAttention._project
 
 
-def _project_buffered(self: Any, query: Tensor, key_value: Tensor | None,
-                      cache: KVCache | BufferCache | None) -> tuple[Tensor, Tensor, Tensor]:
+def _project_buffered(
+    self: Any,
+    query: Tensor,
+    key_value: Tensor | None,
+    cache: KVCache | BufferCache | None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """MultiHeadAttention._project, appending in place to a BufferCache."""
     if not isinstance(cache, BufferCache):
         return _project(self, query, key_value, cache)
@@ -121,12 +125,14 @@ def buffered(model: Any) -> Any:
         for layer in cache:
             layer.self_attn = BufferCache()
         return cache
+
     return new_cache
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--size", choices=["book", "base", "smoke"], default="book")
     p.add_argument("--gen-len", type=int, default=40, help="tokens per sentence (40)")
     p.add_argument("--batch", type=int, default=32, help="source sentences (32)")
@@ -138,31 +144,40 @@ def main(argv: list[str] | None = None) -> int:
     model = peers.build_model("aiayn", size, 0.0).eval()
     src = peers.decode_source(size, args.batch)
     m, plain_cache = args.gen_len, model.new_cache
-    print(f"{args.size}: {args.batch} sentences, exactly {m} generated tokens each; "
-          f"CPU ({platform.machine()}), float32, {args.threads} thread(s), "
-          f"torch {torch.__version__}, {args.reps} repetitions\n")
+    print(
+        f"{args.size}: {args.batch} sentences, exactly {m} generated tokens each; "
+        f"CPU ({platform.machine()}), float32, {args.threads} thread(s), "
+        f"torch {torch.__version__}, {args.reps} repetitions\n"
+    )
     multi_head.MultiHeadAttention._project = _project_buffered
     try:
         for label, beams in (("greedy", 1), ("beam 4", 4)):
+
             def search(layout: str, beams: int = beams) -> Tensor:
                 model.new_cache = plain_cache if layout == "cat" else buffered(model)
                 if beams == 1:
                     return greedy_search(model, src, max_len=m, min_len=m).tokens
-                return beam_search(model, src, beam_size=beams, max_len=m,
-                                   min_len=m).tokens
+                return beam_search(
+                    model, src, beam_size=beams, max_len=m, min_len=m
+                ).tokens
 
             with torch.inference_mode():
                 made = BufferCache.made
                 same = torch.equal(search("cat"), search("buffer"))
                 assert BufferCache.made > made, "the buffer layout was not used"
-                runs = {"torch.cat (the package)": lambda: search("cat"),
-                        "buffer": lambda: search("buffer")}
+                runs = {
+                    "torch.cat (the package)": lambda: search("cat"),
+                    "buffer": lambda: search("buffer"),
+                }
                 seconds = peers.interleaved(runs, args.reps)
             rows = peers.rate_rows(seconds, src.size(0) * m)
             rows = {"aiayn": rows["torch.cat (the package)"], "buffer": rows["buffer"]}
             print(f"### {label}: generated tokens/s, the same tokens: {same}\n")
-            print("\n".join(peers.rate_table(rows)).replace("| aiayn |", "| torch.cat |")
-                  .replace("ratio aiayn/model", "ratio torch.cat/model"))
+            print(
+                "\n".join(peers.rate_table(rows))
+                .replace("| aiayn |", "| torch.cat |")
+                .replace("ratio aiayn/model", "ratio torch.cat/model")
+            )
             print()
     finally:
         multi_head.MultiHeadAttention._project = _project

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers.py, next to this file
-import peers  # noqa: E402
+import peers
 
 _linear = F.linear
 
@@ -91,14 +91,16 @@ def measure(size: peers.Size, args: argparse.Namespace) -> dict[str, Any]:
         with torch.inference_mode():
             for name in names:  # warm-up, shorter
                 search[name](min(args.gen_len, 8))
-            out[label] = sampled({
-                n: lambda n=n: timed_search(search[n], args.gen_len) for n in names
-            }, args.reps)
+            out[label] = sampled(
+                {n: lambda n=n: timed_search(search[n], args.gen_len) for n in names},
+                args.reps,
+            )
     return out
 
 
-def sampled(runs: dict[str, Callable[[], dict[str, float]]], reps: int
-            ) -> dict[str, list[dict[str, float]]]:
+def sampled(
+    runs: dict[str, Callable[[], dict[str, float]]], reps: int
+) -> dict[str, list[dict[str, float]]]:
     """What each run returns, repetition by repetition, in peers.py's rotating order."""
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
     peers.interleaved(runs, reps, lambda name, out: samples[name].append(out))
@@ -117,8 +119,11 @@ def profiled_step(step: Callable[[], None]) -> dict[str, float]:
         step()
         total = time.perf_counter() - start
     ops = [e for e in prof.key_averages() if e.key in MATMULS]
-    return {"total": total, "linear": sum(e.self_cpu_time_total for e in ops) / 1e6,
-            "calls": sum(e.count for e in ops)}
+    return {
+        "total": total,
+        "linear": sum(e.self_cpu_time_total for e in ops) / 1e6,
+        "calls": sum(e.count for e in ops),
+    }
 
 
 def measure_train(size: peers.Size, args: argparse.Namespace) -> dict[str, Any]:
@@ -144,32 +149,45 @@ def med(samples: list[dict[str, float]], key: str) -> float:
 def table(label: str, samples: dict[str, list[dict[str, float]]]) -> list[str]:
     """Milliseconds per search: total, linear, rest; the share and the bound."""
     calls = "mm + addmm calls" if label == "training step" else "F.linear calls"
-    lines = ["| model | total ms (median [min-max]) | linear ms | rest ms "
-             f"| linear share | {calls} |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| model | total ms (median [min-max]) | linear ms | rest ms "
+        f"| linear share | {calls} |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, ss in samples.items():
         totals = [1e3 * s["total"] for s in ss]
         total, linear = 1e3 * med(ss, "total"), 1e3 * med(ss, "linear")
         rest = 1e3 * statistics.median(s["total"] - s["linear"] for s in ss)
-        lines.append(f"| {name} | {total:,.1f} [{min(totals):,.1f}-{max(totals):,.1f}] "
-                     f"| {linear:,.1f} | {rest:,.1f} | {linear / total:.0%} "
-                     f"| {int(med(ss, 'calls'))} |")
+        lines.append(
+            f"| {name} | {total:,.1f} [{min(totals):,.1f}-{max(totals):,.1f}] "
+            f"| {linear:,.1f} | {rest:,.1f} | {linear / total:.0%} "
+            f"| {int(med(ss, 'calls'))} |"
+        )
     ours, theirs = samples["aiayn"], samples[peers.MARIAN]
     now = med(theirs, "total") / med(ours, "total")
     bound = med(theirs, "total") / med(ours, "linear")
     lines.append("")
-    lines.append(f"{label}: aiayn/Marian now {now:.2f}x; at most {bound:.2f}x if "
-                 "aiayn's rest took no time")
+    lines.append(
+        f"{label}: aiayn/Marian now {now:.2f}x; at most {bound:.2f}x if "
+        "aiayn's rest took no time"
+    )
     return lines
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", action="append", choices=["book", "base"],
-                   help="model size, repeatable (default: book and base)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--size",
+        action="append",
+        choices=["book", "base"],
+        help="model size, repeatable (default: book and base)",
+    )
     p.add_argument("--smoke", action="store_true", help="a tiny model, in seconds")
-    p.add_argument("--train", action="store_true",
-                   help="the training step instead of decoding")
+    p.add_argument(
+        "--train", action="store_true", help="the training step instead of decoding"
+    )
     p.add_argument("--gen-len", type=int, default=40, help="tokens per sentence (40)")
     p.add_argument("--reps", type=int, default=7, help="timed repetitions (7)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
@@ -187,17 +205,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     names = ["smoke"] if args.smoke else dict.fromkeys(args.size or ["book", "base"])
-    print(f"CPU ({platform.machine()}), float32, {args.threads} thread(s), torch "
-          f"{torch.__version__}, transformers {peers.transformers_version()}; "
-          f"{args.reps} repetitions" + ("" if args.train else
-          f", exactly {args.gen_len} tokens per sentence"))
+    print(
+        f"CPU ({platform.machine()}), float32, {args.threads} thread(s), torch "
+        f"{torch.__version__}, transformers {peers.transformers_version()}; "
+        f"{args.reps} repetitions"
+        + ("" if args.train else f", exactly {args.gen_len} tokens per sentence")
+    )
     results: dict[str, Any] = {"meta": vars(args) | {"json": None}}
     for name in names:
         size = peers.SIZES[name]
         results[name] = (measure_train if args.train else measure)(size, args)
         for label, samples in results[name].items():
-            work = (f"{label}, a batch of {size.batch_size} pairs" if args.train
-                    else f"{label} search of {size.decode_batch} sentences")
+            work = (
+                f"{label}, a batch of {size.batch_size} pairs"
+                if args.train
+                else f"{label} search of {size.decode_batch} sentences"
+            )
             print(f"\n### {name}: {work}\n")
             print("\n".join(table(label, samples)))
     if args.json:

@@ -76,10 +76,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn import Transformer, TransformerConfig
-from aiayn.batching import Batch
+from aiayn.batching import Batch, pick_device
 from aiayn.decoding import beam_search, greedy_search
 from aiayn.optim import make_optimizer
-from aiayn.batching import pick_device
 
 # benchmarks/ is no package: import train_throughput.py, next to this file, by path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -132,10 +131,21 @@ def have_transformers() -> bool:
 def aiayn_config(size: Size, dropout: float) -> TransformerConfig:
     """The config of aiayn's model, and of torch.nn's wrapper: post-norm, shared."""
     return TransformerConfig(
-        size.vocab, size.vocab, d_model=size.d_model, n_heads=size.heads,
-        n_encoder_layers=size.layers, n_decoder_layers=size.layers, d_ff=size.d_ff,
-        dropout=dropout, norm_first=False, share_embeddings=True, tie_output=True,
-        max_len=MAX_LEN, pad_id=PAD, bos_id=BOS, eos_id=EOS,
+        size.vocab,
+        size.vocab,
+        d_model=size.d_model,
+        n_heads=size.heads,
+        n_encoder_layers=size.layers,
+        n_decoder_layers=size.layers,
+        d_ff=size.d_ff,
+        dropout=dropout,
+        norm_first=False,
+        share_embeddings=True,
+        tie_output=True,
+        max_len=MAX_LEN,
+        pad_id=PAD,
+        bos_id=BOS,
+        eos_id=EOS,
     )
 
 
@@ -192,20 +202,27 @@ def logits_of(name: str, model: nn.Module, batch: Batch) -> Tensor:
     """Teacher-forced logits [batch, tgt_len, vocab] of any of the three models."""
     if name == MARIAN:
         return model(
-            input_ids=batch.src, attention_mask=batch.src != PAD,
-            decoder_input_ids=batch.tgt_in, decoder_attention_mask=batch.tgt_in != PAD,
+            input_ids=batch.src,
+            attention_mask=batch.src != PAD,
+            decoder_input_ids=batch.tgt_in,
+            decoder_attention_mask=batch.tgt_in != PAD,
             use_cache=False,  # as without labels it would return a key-value cache
         ).logits
     return model(batch.src, batch.tgt_in)
 
 
-def train_step(name: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-               batch: Batch) -> None:
+def train_step(
+    name: str, model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch
+) -> None:
     """One full update, with the same loss for all three models."""
     optimizer.zero_grad(set_to_none=True)
     logits = logits_of(name, model, batch)  # [b, t, V]
-    loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(),
-                           ignore_index=PAD, label_smoothing=0.1)
+    loss = F.cross_entropy(
+        logits.flatten(0, 1),
+        batch.tgt_out.flatten(),
+        ignore_index=PAD,
+        label_smoothing=0.1,
+    )
     loss.backward()
     optimizer.step()
 
@@ -238,8 +255,11 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return time.perf_counter() - wall, time.process_time() - cpu, result
 
 
-def interleaved(runs: dict[str, Callable[[], Any]], reps: int,
-                check: Callable[[str, Any], None] = lambda name, out: None) -> dict:
+def interleaved(
+    runs: dict[str, Callable[[], Any]],
+    reps: int,
+    check: Callable[[str, Any], None] = lambda name, out: None,
+) -> dict:
     """Seconds of each run, {name: {"wall": [...], "cpu": [...]}}, rotating the order.
 
     Repetition r starts with the (r mod n)-th run, so every run goes first as often
@@ -284,14 +304,18 @@ def ratio(a: float, b: float) -> str:
 def rate_table(rows: dict[str, dict], ref_name: str = "aiayn") -> list[str]:
     """A markdown table of throughputs (higher is better); the ratio of medians."""
     ref = rows[ref_name]["wall"]["median"]
-    head = ("| model | median | min | max | CPU-time median | CPU-time min "
-            f"| CPU-time max | ratio {ref_name}/model |")
+    head = (
+        "| model | median | min | max | CPU-time median | CPU-time min "
+        f"| CPU-time max | ratio {ref_name}/model |"
+    )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, row in rows.items():
         wall, cpu = row["wall"], row["cpu"]
-        lines.append(f"| {name} | {fmt(wall['median'])} | {fmt(wall['min'])} "
-                     f"| {fmt(wall['max'])} | {fmt(cpu['median'])} | {fmt(cpu['min'])} "
-                     f"| {fmt(cpu['max'])} | {ratio(ref, wall['median'])} |")
+        lines.append(
+            f"| {name} | {fmt(wall['median'])} | {fmt(wall['min'])} "
+            f"| {fmt(wall['max'])} | {fmt(cpu['median'])} | {fmt(cpu['min'])} "
+            f"| {fmt(cpu['max'])} | {ratio(ref, wall['median'])} |"
+        )
     return lines
 
 
@@ -301,8 +325,9 @@ def rate_table(rows: dict[str, dict], ref_name: str = "aiayn") -> list[str]:
 
 def measure_train(names: list[str], size: Size, args: argparse.Namespace) -> dict:
     device = args.device
-    models = {name: build_model(name, size, args.dropout).to(device).train()
-              for name in names}
+    models = {
+        name: build_model(name, size, args.dropout).to(device).train() for name in names
+    }
     optimizers = {name: new_optimizer(m) for name, m in models.items()}
     batches = [b.to(device) for b in train_batches(size, args.steps or size.steps)]
     tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)  # real tokens
@@ -312,6 +337,7 @@ def measure_train(names: list[str], size: Size, args: argparse.Namespace) -> dic
             for batch in batches:
                 train_step(name, models[name], optimizers[name], batch)
             synchronize(device)
+
         return steps
 
     runs = {name: run(name) for name in names}
@@ -320,12 +346,19 @@ def measure_train(names: list[str], size: Size, args: argparse.Namespace) -> dic
             train_step(name, models[name], optimizers[name], batches[0])
     seconds = interleaved(runs, args.reps)
     rows = rate_rows(seconds, tokens)
-    title = (f"training step, real source + target tokens/s (higher is better): "
-             f"{len(batches)} batch(es) of {size.batch_size} pairs of "
-             f"{size.seq_len // 2}-{size.seq_len - 1} tokens "
-             f"({tokens / len(batches):,.0f} real tokens each) per repetition")
-    return {"title": title, "tokens": tokens, "seconds": seconds, "rows": rows,
-            "table": rate_table(rows)}
+    title = (
+        f"training step, real source + target tokens/s (higher is better): "
+        f"{len(batches)} batch(es) of {size.batch_size} pairs of "
+        f"{size.seq_len // 2}-{size.seq_len - 1} tokens "
+        f"({tokens / len(batches):,.0f} real tokens each) per repetition"
+    )
+    return {
+        "title": title,
+        "tokens": tokens,
+        "seconds": seconds,
+        "rows": rows,
+        "table": rate_table(rows),
+    }
 
 
 # ----------------------------------------------------------------------------------
@@ -374,13 +407,13 @@ def memory_child(name: str, size: Size, args: argparse.Namespace) -> None:
         before = statm_rss_mib()
         train_step(name, model, optimizer, batch)
         peak = vm_hwm_mib()
-    print(json.dumps({"model": name, "rss_before_mib": before, "peak_mib": peak,
-                      "step_mib": peak - before, "hwm_reset": reset}))
+    sample = {"model": name, "rss_before_mib": before, "peak_mib": peak}
+    print(json.dumps({**sample, "step_mib": peak - before, "hwm_reset": reset}))
 
 
 def run_child(name: str, size: Size, args: argparse.Namespace) -> dict:
-    command = [sys.executable, str(Path(__file__).resolve()), CHILD_FLAG, name,
-               "--threads", str(args.threads), "--dropout", str(args.dropout)]
+    command = [sys.executable, str(Path(__file__).resolve()), CHILD_FLAG, name]
+    command += ["--threads", str(args.threads), "--dropout", str(args.dropout)]
     command += ["--smoke"] if size.name == "smoke" else ["--size", size.name]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -404,8 +437,13 @@ def cuda_step_memory(name: str, size: Size, args: argparse.Namespace) -> dict:
     peak = torch.cuda.max_memory_allocated(device) / 2**20
     del model, optimizer
     torch.cuda.empty_cache()
-    return {"model": name, "rss_before_mib": before, "peak_mib": peak,
-            "step_mib": peak - before, "hwm_reset": True}
+    return {
+        "model": name,
+        "rss_before_mib": before,
+        "peak_mib": peak,
+        "step_mib": peak - before,
+        "hwm_reset": True,
+    }
 
 
 def saved_for_backward_mib(name: str, size: Size, args: argparse.Namespace) -> float:
@@ -428,8 +466,12 @@ def saved_for_backward_mib(name: str, size: Size, args: argparse.Namespace) -> f
     batch = train_batches(size, 1)[0]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         logits = logits_of(name, model, batch)
-        F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(),
-                        ignore_index=PAD, label_smoothing=0.1)
+        F.cross_entropy(
+            logits.flatten(0, 1),
+            batch.tgt_out.flatten(),
+            ignore_index=PAD,
+            label_smoothing=0.1,
+        )
     return sum(saved.values()) / 2**20
 
 
@@ -442,33 +484,54 @@ def measure_memory(names: list[str], size: Size, args: argparse.Namespace) -> di
             measure = cuda_step_memory if on_cuda else run_child
             samples[name].append(measure(name, size, args))
     step = {n: summary([s["step_mib"] for s in ss]) for n, ss in samples.items()}
-    before = {n: statistics.median(s["rss_before_mib"] for s in ss)
-              for n, ss in samples.items()}
+    before = {
+        n: statistics.median(s["rss_before_mib"] for s in ss)
+        for n, ss in samples.items()
+    }
     saved = {n: saved_for_backward_mib(n, size, args) for n in names}
     ref = step["aiayn"]["median"]
     held = "allocated" if on_cuda else "RSS"
-    head = (f"| model | median MiB | min | max | {held} before the step, MiB "
-            "| saved for backward, MiB | ratio aiayn/model |")
+    head = (
+        f"| model | median MiB | min | max | {held} before the step, MiB "
+        "| saved for backward, MiB | ratio aiayn/model |"
+    )
     table = [head, "|---|---:|---:|---:|---:|---:|---:|"]
     for name, s in step.items():
-        table.append(f"| {name} | {mib(s['median'])} | {mib(s['min'])} "
-                     f"| {mib(s['max'])} | {before[name]:,.0f} | {mib(saved[name])} "
-                     f"| {ratio(ref, s['median'])} |")
-    added = ("the peak MiB it allocates on the GPU" if on_cuda
-             else "MiB added to the resident set")
+        table.append(
+            f"| {name} | {mib(s['median'])} | {mib(s['min'])} "
+            f"| {mib(s['max'])} | {before[name]:,.0f} | {mib(saved[name])} "
+            f"| {ratio(ref, s['median'])} |"
+        )
+    added = (
+        "the peak MiB it allocates on the GPU"
+        if on_cuda
+        else "MiB added to the resident set"
+    )
     fresh = "" if on_cuda else ", a fresh process per model and repetition"
-    title = (f"memory of one training step, {added} (lower is better): a batch of "
-             f"{size.batch_size} pairs of up to {size.seq_len - 1} tokens{fresh}")
+    title = (
+        f"memory of one training step, {added} (lower is better): a batch of "
+        f"{size.batch_size} pairs of up to {size.seq_len - 1} tokens{fresh}"
+    )
     notes = []
     if not all(s["hwm_reset"] for ss in samples.values() for s in ss):
-        notes.append("WARNING: VmHWM could not be reset here; the warm-up step's peak "
-                     "may hide the measured step's, so these numbers are lower bounds")
-    notes.append("saved for backward: the activations that autograd keeps for one "
-                 "step's backward pass (weights excluded), counted once per storage "
-                 "on the CPU; the rest of a step's memory is gradients and "
-                 "temporaries")
-    return {"title": title, "samples": samples, "step": step, "saved_mib": saved,
-            "table": table, "notes": notes}
+        notes.append(
+            "WARNING: VmHWM could not be reset here; the warm-up step's peak "
+            "may hide the measured step's, so these numbers are lower bounds"
+        )
+    notes.append(
+        "saved for backward: the activations that autograd keeps for one "
+        "step's backward pass (weights excluded), counted once per storage "
+        "on the CPU; the rest of a step's memory is gradients and "
+        "temporaries"
+    )
+    return {
+        "title": title,
+        "samples": samples,
+        "step": step,
+        "saved_mib": saved,
+        "table": table,
+        "notes": notes,
+    }
 
 
 # ----------------------------------------------------------------------------------
@@ -486,31 +549,42 @@ def decode_source(size: Size, n: int) -> Tensor:
     return src
 
 
-def decoders(name: str, model: nn.Module, src: Tensor, beams: int
-             ) -> Callable[[int], Tensor]:
+def decoders(
+    name: str, model: nn.Module, src: Tensor, beams: int
+) -> Callable[[int], Tensor]:
     """m -> the generated tokens [batch, m] of one search that writes exactly m."""
     if name == "aiayn":
         if beams == 1:
             return lambda m: greedy_search(model, src, max_len=m, min_len=m).tokens
-        return lambda m: beam_search(model, src, beam_size=beams, max_len=m,
-                                     min_len=m).tokens
+        return lambda m: (
+            beam_search(model, src, beam_size=beams, max_len=m, min_len=m).tokens
+        )
 
     def generate(m: int) -> Tensor:
         out = model.generate(
-            input_ids=src, attention_mask=src != PAD, num_beams=beams,
-            max_new_tokens=m, min_new_tokens=m, do_sample=False, use_cache=True,
-            decoder_start_token_id=BOS, pad_token_id=PAD, eos_token_id=EOS,
+            input_ids=src,
+            attention_mask=src != PAD,
+            num_beams=beams,
+            max_new_tokens=m,
+            min_new_tokens=m,
+            do_sample=False,
+            use_cache=True,
+            decoder_start_token_id=BOS,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
         )  # [batch, 1 + m]: the start token, then the generated ones
         assert out.shape[1] == m + 1 and bool((out[:, 0] == BOS).all()), out.shape
         return out[:, 1:]
+
     return generate
 
 
 def measure_decode(size: Size, args: argparse.Namespace) -> dict:
     names = ["aiayn", MARIAN]
     device = args.device
-    models = {name: build_model(name, size, args.dropout).to(device).eval()
-              for name in names}
+    models = {
+        name: build_model(name, size, args.dropout).to(device).eval() for name in names
+    }
     src = decode_source(size, args.decode_batch or size.decode_batch).to(device)
     m = args.gen_len
     tokens = src.size(0) * m  # generated tokens of one search
@@ -524,21 +598,30 @@ def measure_decode(size: Size, args: argparse.Namespace) -> dict:
         with torch.inference_mode():
             for name in names:  # warm-up, shorter
                 search[name](min(m, 8))
+
             def run(f: Callable[[int], Tensor]) -> Callable[[], Tensor]:
                 def search_m() -> Tensor:
                     out = f(m)
                     synchronize(device)
                     return out
+
                 return search_m
 
             runs = {name: run(search[name]) for name in names}
             seconds = interleaved(runs, args.reps, check)
         rows = rate_rows(seconds, tokens)
-        title = (f"{label} decoding, generated tokens/s (higher is better): "
-                 f"{src.size(0)} sentences of {size.src_lens[0]}-{size.src_lens[1]} "
-                 f"tokens, exactly {m} generated tokens each")
-        result[label] = {"title": title, "tokens": tokens, "seconds": seconds,
-                         "rows": rows, "table": rate_table(rows)}
+        title = (
+            f"{label} decoding, generated tokens/s (higher is better): "
+            f"{src.size(0)} sentences of {size.src_lens[0]}-{size.src_lens[1]} "
+            f"tokens, exactly {m} generated tokens each"
+        )
+        result[label] = {
+            "title": title,
+            "tokens": tokens,
+            "seconds": seconds,
+            "rows": rows,
+            "table": rate_table(rows),
+        }
     return result
 
 
@@ -553,28 +636,40 @@ def transformers_version() -> str:
         return "not installed"
 
 
-def header(size: Size, counts: dict[str, int], attention: str | None,
-           args: argparse.Namespace) -> list[str]:
+def header(
+    size: Size, counts: dict[str, int], attention: str | None, args: argparse.Namespace
+) -> list[str]:
     """The size, the setting and the parameter counts (a warning if they differ)."""
     n = size.layers
-    title = (f"## {size.name}: vocabulary {size.vocab:,}, d_model {size.d_model}, "
-             f"{size.heads} heads, {n}+{n} layers, d_ff {size.d_ff}")
-    where = (torch.cuda.get_device_name(args.device) if args.device.type == "cuda"
-             else f"{args.device.type.upper()} ({platform.machine()})")
-    setting = (f"post-norm, dropout {args.dropout}; {where}, "
-               f"float32, {torch.get_num_threads()} CPU thread(s); "
-               f"torch {torch.__version__}, transformers {transformers_version()}; "
-               f"{args.reps} repetition(s)")
+    title = (
+        f"## {size.name}: vocabulary {size.vocab:,}, d_model {size.d_model}, "
+        f"{size.heads} heads, {n}+{n} layers, d_ff {size.d_ff}"
+    )
+    where = (
+        torch.cuda.get_device_name(args.device)
+        if args.device.type == "cuda"
+        else f"{args.device.type.upper()} ({platform.machine()})"
+    )
+    setting = (
+        f"post-norm, dropout {args.dropout}; {where}, "
+        f"float32, {torch.get_num_threads()} CPU thread(s); "
+        f"torch {torch.__version__}, transformers {transformers_version()}; "
+        f"{args.reps} repetition(s)"
+    )
     if attention:
         setting += f"; Marian's attention: {attention}"
     ours = counts["aiayn"]
-    params = [f"{name} {c:,}" + ("" if c == ours else f" ({c / ours:.4f} x aiayn)")
-              for name, c in counts.items()]
+    params = [
+        f"{name} {c:,}" + ("" if c == ours else f" ({c / ours:.4f} x aiayn)")
+        for name, c in counts.items()
+    ]
     lines = [title, "", setting, "parameters: " + ", ".join(params)]
     for name, c in counts.items():
         if abs(c / ours - 1) > 0.01:
-            lines.append(f"WARNING: {name} has {c / ours:.3f} times aiayn's "
-                         "parameters; the models differ by more than 1%")
+            lines.append(
+                f"WARNING: {name} has {c / ours:.3f} times aiayn's "
+                "parameters; the models differ by more than 1%"
+            )
     return lines
 
 
@@ -586,29 +681,64 @@ def print_section(title: str, table: list[str], notes: Sequence[str] = ()) -> No
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", action="append", choices=["book", "base"],
-                   help="book or base, repeatable (default: both)")
-    p.add_argument("--smoke", action="store_true",
-                   help="a tiny model, 1 repetition, tiny batches: runs in seconds")
-    p.add_argument("--only", action="append", choices=["train", "memory", "decode"],
-                   help="the measurements to make, repeatable (default: all)")
-    p.add_argument("--reps", type=int, default=None,
-                   help="timed repetitions of each model (default 7; --smoke 1)")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="untimed training steps of each model first (default 2)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="training batches per repetition (default: book 2, base 1)")
-    p.add_argument("--gen-len", type=int, default=None,
-                   help="tokens generated per sentence (default 40; --smoke 5)")
-    p.add_argument("--decode-batch", type=int, default=None,
-                   help="source sentences to decode (default 32)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--size",
+        action="append",
+        choices=["book", "base"],
+        help="book or base, repeatable (default: both)",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny model, 1 repetition, tiny batches: runs in seconds",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=["train", "memory", "decode"],
+        help="the measurements to make, repeatable (default: all)",
+    )
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="timed repetitions of each model (default 7; --smoke 1)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="untimed training steps of each model first (default 2)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training batches per repetition (default: book 2, base 1)",
+    )
+    p.add_argument(
+        "--gen-len",
+        type=int,
+        default=None,
+        help="tokens generated per sentence (default 40; --smoke 5)",
+    )
+    p.add_argument(
+        "--decode-batch",
+        type=int,
+        default=None,
+        help="source sentences to decode (default 32)",
+    )
     p.add_argument("--dropout", type=float, default=0.0, help="every dropout (0.0)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1)")
-    p.add_argument("--device", default="cpu",
-                   help="cpu (default), cuda, mps or auto; off the CPU the memory "
-                   "measurement is what the device allocates for one step")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default), cuda, mps or auto; off the CPU the memory "
+        "measurement is what the device allocates for one step",
+    )
     p.add_argument("--json", type=Path, default=None, help="write every raw number")
     p.add_argument(CHILD_FLAG, dest="memory_child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -638,19 +768,25 @@ def run_size(size: Size, args: argparse.Namespace, marian: bool) -> dict:
         attention = getattr(models[MARIAN].config, "_attn_implementation", "?")
     del models
     print("\n" + "\n".join(header(size, counts, attention, args)), flush=True)
-    out: dict[str, Any] = {"size": dataclasses.asdict(size), "parameters": counts,
-                           "marian_attention": attention}
+    out: dict[str, Any] = {
+        "size": dataclasses.asdict(size),
+        "parameters": counts,
+        "marian_attention": attention,
+    }
     only = set(args.only or ["train", "memory", "decode"])
     if "train" in only:
         train = out["train"] = measure_train(names, size, args)
         print_section(f"{size.name}: {train['title']}", train["table"])
     if "memory" in only and args.device.type not in ("cpu", "cuda"):
-        print(f"\n(memory is measured on the CPU and on CUDA only: skipped on "
-              f"{args.device.type})")
+        print(
+            f"\n(memory is measured on the CPU and on CUDA only: skipped on "
+            f"{args.device.type})"
+        )
     elif "memory" in only:
         memory = out["memory"] = measure_memory(names, size, args)
-        print_section(f"{size.name}: {memory['title']}", memory["table"],
-                      memory["notes"])
+        print_section(
+            f"{size.name}: {memory['title']}", memory["table"], memory["notes"]
+        )
     if "decode" in only and marian:
         for label, d in measure_decode(size, args).items():
             out.setdefault("decode", {})[label] = d
@@ -670,15 +806,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     marian = have_transformers()
     if not marian:
-        print("Marian skipped: transformers is not installed "
-              "(pip install -r benchmarks/requirements.txt)")
-    results: dict[str, Any] = {"meta": {
-        "device": str(args.device), "threads": args.threads, "reps": args.reps,
-        "warmup": args.warmup,
-        "dropout": args.dropout, "gen_len": args.gen_len, "torch": torch.__version__,
-        "transformers": transformers_version(), "machine": platform.machine(),
-        "python": platform.python_version(),
-    }}
+        print(
+            "Marian skipped: transformers is not installed "
+            "(pip install -r benchmarks/requirements.txt)"
+        )
+    results: dict[str, Any] = {
+        "meta": {
+            "device": str(args.device),
+            "threads": args.threads,
+            "reps": args.reps,
+            "warmup": args.warmup,
+            "dropout": args.dropout,
+            "gen_len": args.gen_len,
+            "torch": torch.__version__,
+            "transformers": transformers_version(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+        }
+    }
     with warnings.catch_warnings():
         # torch.nn.Transformer warns that padding masks disable its nested tensors
         warnings.filterwarnings("ignore", message=".*nested tensors.*")

@@ -46,16 +46,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.batching import Batch
-from aiayn.batching import pick_device
+from aiayn.batching import Batch, pick_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers.py, next to this file
-import peers  # noqa: E402
+import peers
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 PEAK_TFLOPS = [  # dense bf16 / fp16 tensor-core peaks; the first name found wins
-    ("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0),
-    ("L4", 121.0), ("T4", 65.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.4),
+    ("H200", 989.4),
+    ("A100", 312.0),
+    ("L4", 121.0),
+    ("T4", 65.0),
 ]
 
 
@@ -81,40 +84,72 @@ def peak_flops(device: torch.device, dtype: str, given: float | None) -> float |
     return next((tf * 1e12 for key, tf in PEAK_TFLOPS if key in name), None)
 
 
-def step_fn(name: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-            dtype: torch.dtype | None, device: torch.device) -> Callable[[Batch], None]:
+def step_fn(
+    name: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dtype: torch.dtype | None,
+    device: torch.device,
+) -> Callable[[Batch], None]:
     """One full update under autocast (if dtype), with the same loss for all."""
+
     def step(batch: Batch) -> None:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             logits = peers.logits_of(name, model, batch)  # [b, t, V]
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch.tgt_out.flatten(),
-                               ignore_index=peers.PAD, label_smoothing=0.1)
+        loss = F.cross_entropy(
+            logits.float().flatten(0, 1),
+            batch.tgt_out.flatten(),
+            ignore_index=peers.PAD,
+            label_smoothing=0.1,
+        )
         loss.backward()
         optimizer.step()
+
     return step
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--size", choices=["book", "base"], default="base")
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
-    p.add_argument("--dtype", choices=list(DTYPES), default="bf16",
-                   help="autocast precision (fp32: none); default bf16")
-    p.add_argument("--compile", choices=["no", "yes", "both"], default="no",
-                   help="torch.compile the models: no, yes, or both eager and compiled")
-    p.add_argument("--batch-size", type=int,
-                   help="pairs per batch (the size's; on a GPU 512)")
-    p.add_argument("--seq-len", type=int,
-                   help="pairs of seq_len/2 .. seq_len-1 tokens (on a GPU 128)")
+    p.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default="bf16",
+        help="autocast precision (fp32: none); default bf16",
+    )
+    p.add_argument(
+        "--compile",
+        choices=["no", "yes", "both"],
+        default="no",
+        help="torch.compile the models: no, yes, or both eager and compiled",
+    )
+    p.add_argument(
+        "--batch-size", type=int, help="pairs per batch (the size's; on a GPU 512)"
+    )
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        help="pairs of seq_len/2 .. seq_len-1 tokens (on a GPU 128)",
+    )
     p.add_argument("--steps", type=int, default=None, help="batches per repetition")
     p.add_argument("--reps", type=int, default=None, help="repetitions (default 5)")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="untimed passes over the batches per contender (compilation)")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="the device's peak TFLOP/s for this precision (for the MFU)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="untimed passes over the batches per contender (compilation)",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the device's peak TFLOP/s for this precision (for the MFU)",
+    )
     p.add_argument("--threads", type=int, default=1, help="CPU threads (1)")
     p.add_argument("--dropout", type=float, default=0.1, help="every dropout (0.1)")
     p.add_argument("--json", type=Path, help="write every raw number")
@@ -124,12 +159,17 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":  # the CPU's small batches would time kernel launches
         size = dataclasses.replace(size, batch_size=512, seq_len=128)
     size = dataclasses.replace(
-        size, batch_size=args.batch_size or size.batch_size,
-        seq_len=args.seq_len or size.seq_len, steps=args.steps or size.steps)
+        size,
+        batch_size=args.batch_size or size.batch_size,
+        seq_len=args.seq_len or size.seq_len,
+        steps=args.steps or size.steps,
+    )
     reps = args.reps or (1 if args.smoke else 5)
     if reps < 1 or size.batch_size < 1 or not 2 <= size.seq_len < peers.MAX_LEN:
-        p.error(f"--reps and --batch-size must be at least 1 and --seq-len in "
-                f"[2, {peers.MAX_LEN - 1}]")
+        p.error(
+            f"--reps and --batch-size must be at least 1 and --seq-len in "
+            f"[2, {peers.MAX_LEN - 1}]"
+        )
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
 
@@ -140,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     if peers.have_transformers():
         names.append(peers.MARIAN)
     else:
-        print("Marian skipped: transformers is not installed "
-              "(pip install -r benchmarks/requirements.txt)")
+        print(
+            "Marian skipped: transformers is not installed "
+            "(pip install -r benchmarks/requirements.txt)"
+        )
     variants = {"no": [False], "yes": [True], "both": [False, True]}[args.compile]
     batches = [b.to(device) for b in peers.train_batches(size, size.steps)]
     tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)
@@ -169,31 +211,43 @@ def main(argv: list[str] | None = None) -> int:
                     before = torch.cuda.memory_allocated(device)
                     step(batches[0])
                     sync()
-                    memory[label] = (torch.cuda.max_memory_allocated(device)
-                                     - before) / 2**20
+                    memory[label] = (
+                        torch.cuda.max_memory_allocated(device) - before
+                    ) / 2**20
 
         def run_all(label: str) -> Callable[[], None]:
             def go() -> None:
                 for batch in batches:
                     steps[label](batch)
                 sync()
+
             return go
 
         seconds = peers.interleaved({label: run_all(label) for label in steps}, reps)
     rows = peers.rate_rows(seconds, tokens)
-    machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
-               else platform.machine())
-    print(f"train_mfu: {size.name} (vocabulary {size.vocab:,}, d_model {size.d_model}, "
-          f"{size.heads} heads, {size.layers}+{size.layers} layers, d_ff {size.d_ff}); "
-          f"{device} ({machine}), {args.dtype}, dropout {args.dropout}, "
-          f"torch {torch.__version__}, transformers {peers.transformers_version()}, "
-          f"{reps} repetition(s)")
-    print(f"batches: {len(batches)} of {size.batch_size} pairs of {size.seq_len // 2}-"
-          f"{size.seq_len - 1} tokens, {tokens / len(batches):,.0f} real tokens and "
-          f"{flops / len(batches) / 1e9:,.2f} GFLOP (model FLOPs) each; parameters: "
-          + ", ".join(f"{n} {c:,}" for n, c in counts.items() if "compiled" not in n))
-    print(f"peak: {peak / 1e12:,.1f} TFLOP/s" if peak else
-          "peak: unknown (pass --peak-tflops for the MFU)")
+    machine = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.machine()
+    )
+    print(
+        f"train_mfu: {size.name} (vocabulary {size.vocab:,}, d_model {size.d_model}, "
+        f"{size.heads} heads, {size.layers}+{size.layers} layers, d_ff {size.d_ff}); "
+        f"{device} ({machine}), {args.dtype}, dropout {args.dropout}, "
+        f"torch {torch.__version__}, transformers {peers.transformers_version()}, "
+        f"{reps} repetition(s)"
+    )
+    print(
+        f"batches: {len(batches)} of {size.batch_size} pairs of {size.seq_len // 2}-"
+        f"{size.seq_len - 1} tokens, {tokens / len(batches):,.0f} real tokens and "
+        f"{flops / len(batches) / 1e9:,.2f} GFLOP (model FLOPs) each; parameters: "
+        + ", ".join(f"{n} {c:,}" for n, c in counts.items() if "compiled" not in n)
+    )
+    print(
+        f"peak: {peak / 1e12:,.1f} TFLOP/s"
+        if peak
+        else "peak: unknown (pass --peak-tflops for the MFU)"
+    )
     print("\n### training step, real source + target tokens/s (higher is better)\n")
     print("\n".join(peers.rate_table(rows, next(iter(rows)))))
     extra = {}
@@ -202,18 +256,35 @@ def main(argv: list[str] | None = None) -> int:
     for label, times in seconds.items():
         achieved = flops / peers.summary(times["wall"])["median"]
         mfu = achieved / peak if peak else None
-        extra[label] = {"tflops": achieved / 1e12, "mfu": mfu,
-                        "step_mib": memory.get(label)}
-        print(f"| {label} | {achieved / 1e12:,.3f} | "
-              f"{'n/a' if mfu is None else f'{mfu:.1%}'} | "
-              f"{'n/a' if label not in memory else f'{memory[label]:,.0f}'} |")
+        extra[label] = {
+            "tflops": achieved / 1e12,
+            "mfu": mfu,
+            "step_mib": memory.get(label),
+        }
+        print(
+            f"| {label} | {achieved / 1e12:,.3f} | "
+            f"{'n/a' if mfu is None else f'{mfu:.1%}'} | "
+            f"{'n/a' if label not in memory else f'{memory[label]:,.0f}'} |"
+        )
     if args.json:
-        args.json.write_text(json.dumps({
-            "size": dataclasses.asdict(size), "device": str(device),
-            "dtype": args.dtype, "reps": reps, "tokens": tokens, "flops": flops,
-            "peak": peak,
-            "seconds": seconds, "rows": rows, "extra": extra, "parameters": counts,
-        }, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "size": dataclasses.asdict(size),
+                    "device": str(device),
+                    "dtype": args.dtype,
+                    "reps": reps,
+                    "tokens": tokens,
+                    "flops": flops,
+                    "peak": peak,
+                    "seconds": seconds,
+                    "rows": rows,
+                    "extra": extra,
+                    "parameters": counts,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -14,13 +14,16 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from conftest import HANG_S  # noqa: E402
+
+from conftest import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
-def run_script(name: str, *args: str, timeout: int = HANG_S, returncode: int = 0) -> str:
+def run_script(
+    name: str, *args: str, timeout: int = HANG_S, returncode: int = 0
+) -> str:
     """The stdout of benchmarks/NAME.py ARGS run on one thread, exiting returncode."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args],
@@ -57,8 +60,9 @@ def test_peers_smoke_run_prints_every_table() -> None:
 
 
 def test_kv_cache_layouts_decode_the_same_tokens() -> None:
-    out = run_script("kv_cache", "--size", "smoke", "--reps", "1", "--gen-len", "6",
-                     "--batch", "3")
+    out = run_script(
+        "kv_cache", "--size", "smoke", "--reps", "1", "--gen-len", "6", "--batch", "3"
+    )
     for search in ("greedy", "beam 4"):
         assert f"### {search}: generated tokens/s, the same tokens: True" in out
     assert out.count("| buffer | ") == 2
@@ -73,8 +77,12 @@ def test_attention_cost_runs_and_writes_every_repetition(tmp_path) -> None:
     results = json.loads(path.read_text())["results"]
     assert set(results) == {"length", "lstm", "backends", "query"}
     assert set(results["query"]) == {"32", "128"}  # sequences
-    tables = [results["length"], results["lstm"], results["backends"],
-              *results["query"].values()]
+    tables = [
+        results["length"],
+        results["lstm"],
+        results["backends"],
+        *results["query"].values(),
+    ]
     for result in tables:
         for per_length in result["seconds"].values():
             assert len(per_length) == len(result["lengths"])
@@ -109,8 +117,9 @@ def test_train_flops_formula_counts_the_forward_and_backward_products() -> None:
 
 def test_train_mfu_smoke_run_prints_throughput_and_mfu(tmp_path) -> None:
     path = tmp_path / "mfu.json"
-    out = run_script("train_mfu", "--smoke", "--peak-tflops", "0.5",
-                     "--json", str(path))
+    out = run_script(
+        "train_mfu", "--smoke", "--peak-tflops", "0.5", "--json", str(path)
+    )
     assert "peak: 0.5 TFLOP/s" in out
     result = json.loads(path.read_text())
     names = {"aiayn", "torch.nn"} | ({"Marian"} if HAVE_TRANSFORMERS else set())
@@ -177,13 +186,11 @@ def test_profiled_step_counts_the_products_of_both_passes() -> None:
     assert 0 < sample["linear"] < sample["total"]
 
 
-GPU_CHECK_PARTS = ("env", "sync", "amp", "sdpa", "copy", "resume", "cache", "compile",
-                   "mfu", "peers", "m30k")
+GPU_CHECK_PARTS = "env sync amp sdpa copy resume cache compile mfu peers m30k".split()
 
 
 def test_gpu_check_small_run_on_a_cpu_lists_every_part(tmp_path) -> None:
-    out = run_script("gpu_check", "--small", "--device", "cpu", "--out", str(tmp_path),
-                     timeout=HANG_S)
+    out = run_script("gpu_check", "--small", "--device", "cpu", "--out", str(tmp_path))
     summary = (tmp_path / "summary.txt").read_text()
     assert summary in out  # the same table on stdout
     table = summary.split("\ncheck ", 1)[1].splitlines()[1:]
@@ -199,11 +206,13 @@ def test_gpu_check_small_run_on_a_cpu_lists_every_part(tmp_path) -> None:
 
 def test_decode_throughput_runs_with_outputs_shorter_than_the_source() -> None:
     """The positional table must hold the source too, not only the generated lengths."""
-    out = run_script("decode_throughput", "--vocab", "64", "--batch-size", "2", "--src-len", "12",
-                     "--lengths", "4", "--reps", "1", "--device", "cpu")
+    args = "--vocab 64 --batch-size 2 --src-len 12 --lengths 4 --reps 1 --device cpu"
+    out = run_script("decode_throughput", *args.split())
     assert "speedup of the cache" in out
 
 
 def test_attention_cost_runs_in_half_precision_where_the_fused_kernels_live() -> None:
-    out = run_script("attention_cost", "--smoke", "--only", "backends", "--dtype", "bfloat16")
-    assert out.startswith("attention cost: cpu (") and ", bfloat16, " in out.splitlines()[0]
+    args = "--smoke --only backends --dtype bfloat16"
+    out = run_script("attention_cost", *args.split())
+    assert out.startswith("attention cost: cpu (")
+    assert ", bfloat16, " in out.splitlines()[0]

@@ -364,11 +364,12 @@ def test_the_preset_picks_the_recipe_that_fits_the_device(tmp_path, monkeypatch,
     monkeypatch.setenv(DATA_ENV, str(local_multi30k()))
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     cpu = torch.device("cpu")
-    on_cpu = cli.multi30k_experiment("multi30k-de-en", {"train_size": 200, "vocab_size": 300}, cpu)
+    on_cpu = cli.multi30k_experiment("multi30k-de-en", cli.Multi30kTask(vocab_size=300, train_size=200), cpu)
     assert on_cpu.options["model"] == "book" and on_cpu.model_config.d_model == data.BOOK_RECIPE.model.d_model
     assert on_cpu.train_config.amp == ("bf16" if data.cpu_has_bf16() else "off")  # as chapter 16 trains it
     assert not on_cpu.train_config.compile and capsys.readouterr().err == ""
-    asked = cli.multi30k_experiment("multi30k-en-de", {"train_size": 200, "vocab_size": 300, "model": "gpu"}, cpu)
+    gpu = cli.Multi30kTask(model="gpu", vocab_size=300, train_size=200)
+    asked = cli.multi30k_experiment("multi30k-en-de", gpu, cpu)
     assert asked.model_config.d_model == data.GPU_RECIPE.model.d_model  # given explicitly, it is honoured...
     assert "--model book trains" in capsys.readouterr().err  # ... with a warning of the time it takes
 

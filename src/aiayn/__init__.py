@@ -24,18 +24,28 @@ Each module is the code of one chapter:
     aiayn.cli         chapter 20, book/20_command_line.md
 """
 
+from __future__ import annotations
+
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 try:
     __version__ = version("aiayn")
 except PackageNotFoundError:  # imported from a source tree that is not installed
     __version__ = "0+unknown"
 
-from aiayn.model import Transformer, TransformerConfig
-from aiayn.production import from_huggingface
+# the names that `from aiayn import NAME` offers -> the module that defines them
+_LIFTED = {
+    "Transformer": "aiayn.model",
+    "TransformerConfig": "aiayn.model",
+    "from_huggingface": "aiayn.production",
+}
+__all__ = sorted(_LIFTED)
 
-__all__ = [
-    "Transformer",
-    "TransformerConfig",
-    "from_huggingface",
-]
+
+def __getattr__(name: str) -> Any:
+    """A lifted name, from its module, imported on first use."""
+    if name in _LIFTED:
+        return getattr(import_module(_LIFTED[name]), name)
+    raise AttributeError(f"module 'aiayn' has no attribute {name!r}")

@@ -3,37 +3,68 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
 
 BOOK_URL = "https://literate-transformer.github.io/aiayn"
 
-# command -> (module, function, the chapter of the book that explains it)
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "train": ("aiayn.cli", "train_main", ("chapter 20, The command line")),
-    "translate": ("aiayn.cli", "translate_main", ("chapter 20, The command line")),
-    "bleu": ("aiayn.cli", "bleu_main", ("chapter 20, The command line")),
-    "export": ("aiayn.cli", "export_main", ("chapter 20, The command line")),
+# command -> (module, function, what it does, the chapter that explains it)
+COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "train": (
+        "aiayn.cli",
+        "train_main",
+        "train a preset and write its checkpoints",
+        "chapter 20",
+    ),
+    "translate": (
+        "aiayn.cli",
+        "translate_main",
+        "translate texts with a model",
+        "chapter 20",
+    ),
+    "bleu": (
+        "aiayn.cli",
+        "bleu_main",
+        "score a model with sacreBLEU on a split",
+        "chapter 20",
+    ),
+    "export": (
+        "aiayn.cli",
+        "export_main",
+        "write a model for the CTranslate2 engine (ch. 20).",
+        "chapter 20",
+    ),
 }
+USAGE = "usage: python -m aiayn [--version] COMMAND [ARGS]"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run `python -m aiayn COMMAND [ARGS]`: find the command, call its function."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    commands = "{" + ",".join(COMMANDS) + "}"
-    usage = (
-        f"usage: python -m aiayn {commands} [ARGS]   (COMMAND --help for its options)"
-    )
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage)
-        for name, (module, func, chapter) in COMMANDS.items():
-            print(f"  {name:12s} {module}.{func}: {chapter}")
-        print(f"The book: {BOOK_URL}")
+        print(USAGE)
+        for name, (_, _, does, chapter) in COMMANDS.items():
+            print(f"  {name:10s} {does} ({chapter})")
+        print(f"Flags of a command: python -m aiayn COMMAND --help. Book: {BOOK_URL}")
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        try:
+            print(f"aiayn {version('aiayn')}")
+        except PackageNotFoundError:  # a source tree that is not installed
+            print("aiayn (not installed)")
+        return 0
     if argv[0] not in COMMANDS:
-        print(f"unknown command {argv[0]!r}; {usage}", file=sys.stderr)
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        print(
+            f"python -m aiayn: error: unknown command {argv[0]!r}{hint}; the commands "
+            f"are {', '.join(COMMANDS)} (see --help)",
+            file=sys.stderr,
+        )
         return 2
-    module, func, _ = COMMANDS[argv[0]]
+    module, func, _, _ = COMMANDS[argv[0]]
     return int(getattr(import_module(module), func)(argv[1:]) or 0)
 
 

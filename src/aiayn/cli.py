@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -45,7 +45,7 @@ from aiayn.data import (
     pretrained_file,
     recipe_amp,
 )
-from aiayn.decoding import too_long_inputs, translate
+from aiayn.decoding import DecodingConfig, decoding_config, translate
 from aiayn.engine import (
     NonFiniteLoss,
     RunTrainer,
@@ -57,14 +57,18 @@ from aiayn.model import (
     Transformer,
     TransformerConfig,
     checkpoint_dict,
+    describe,
+    fits,
     read_checkpoint,
+    setting,
     write_checkpoint,
 )
 from aiayn.production import QUANTIZATIONS, export_ctranslate2, load_huggingface
 from aiayn.train import (
-    AMP_MODES,
+    SYNTHETIC_TRAIN_CONFIG,
     TASKS,
     Pairs,
+    SyntheticTask,
     TrainConfig,
     average_checkpoints,
     check_training_version,
@@ -78,24 +82,132 @@ from aiayn.train import (
 
 __all__ = [
     "BOOK_URL",
-    "CHECKPOINT_HELP",
+    "BleuOptions",
+    "CommandParser",
     "Experiment",
+    "ExportOptions",
     "HUB_NAME",
+    "ModelOptions",
     "ModelSource",
+    "Multi30kTask",
     "PRESETS",
     "Preset",
-    "SYNTHETIC_TRAIN_CONFIG",
-    "THREADS_HELP",
+    "TrainOptions",
+    "TranslateOptions",
+    "add_flags",
     "bleu_main",
     "checkpoint_file",
     "export_main",
+    "given",
     "multi30k_experiment",
-    "multi30k_options",
     "synthetic_experiment",
-    "synthetic_options",
     "train_main",
     "translate_main",
 ]
+
+
+# Chapter 20, "Settings become flags"
+def add_flags(
+    parser: CommandParser,
+    cls: type,
+    title: str,
+    only: Sequence[str] | None = None,
+    defaults: bool = True,
+) -> None:
+    """A flag for each field of the dataclass cls, made from its setting (ch. 20).
+
+    title: the heading of the flags in --help; only: the names of the fields to
+    make flags of (default: all that want one); defaults: show them in --help.
+    """
+    group = parser.group(title)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("flag") is False or (only and f.name not in only):
+            continue
+        switches = f.metadata.get("switches")  # --greedy for --method greedy, ...
+        target = group.add_mutually_exclusive_group() if switches else group
+        with contextlib.suppress(argparse.ArgumentError):  # a flag already there
+            target.add_argument(*_names(f), default=None, **_reads(f, defaults))
+        for choice in f.metadata["choices"] if switches else ():
+            same = f"the same as --{f.name.replace('_', '-')} {choice}"
+            target.add_argument(
+                f"--{choice}",
+                dest=f.name,
+                action="store_const",
+                const=choice,
+                help=same,
+            )
+
+
+def _names(f: dataclasses.Field) -> list[str]:
+    """The flag of a field: --field-name, --no-field-name for a switch that is on."""
+    name = f.name.replace("_", "-")
+    if f.metadata.get("positional"):
+        return [f.name]
+    return [f"--no-{name}" if f.default is True else f"--{name}"]
+
+
+def _reads(f: dataclasses.Field, defaults: bool) -> dict[str, Any]:
+    """How argparse reads a field: as a switch, as texts, or as one checked value."""
+    rules, kind = f.metadata, str(f.type).split(" |")[0]
+    shown = defaults and f.default not in (None, dataclasses.MISSING)
+    default = f" ({f.default})" if shown else ""
+    if kind == "bool":
+        action = "store_false" if f.default is True else "store_true"
+        return {
+            "dest": f.name,
+            "action": action,
+            "help": rules.get("off") or rules["help"],
+        }
+    if rules.get("positional"):
+        return {"nargs": "*", "help": rules["help"]}
+    choices = rules.get("choices")
+    metavar = "{" + ",".join(choices) + "}" if choices else rules.get("metavar")
+    metavar = metavar or {"int": "N", "float": "X"}.get(kind, f.name.upper())
+    help = rules["help"] + ("" if choices else default)
+    return {"dest": f.name, "type": _reader(f), "metavar": metavar, "help": help}
+
+
+def _reader(f: dataclasses.Field) -> Callable[[str], Any]:
+    """The function that reads a flag's text as the field's value, by its rules."""
+    kind = str(f.type).split(" |")[0]
+
+    def read(text: str) -> Any:
+        value: Any = text
+        with contextlib.suppress(ValueError):  # not a number: refused below
+            if kind in ("int", "float"):
+                value = (
+                    None if text == "none" else {"int": int, "float": float}[kind](text)
+                )
+        if not fits(f, value):
+            raise argparse.ArgumentTypeError(f"must be {describe(f)}, got {text!r}")
+        return value
+
+    return read
+
+
+def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of cls whose flags were given, by name (chapter 20)."""
+    names = (f.name for f in dataclasses.fields(cls))
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+BOOK_URL = "https://literate-transformer.github.io/aiayn"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser whose mistakes are one line, with a hint (chapter 20)."""
+
+    def group(self, title: str) -> Any:
+        """The group of flags under this heading of --help, made when first asked."""
+        groups = {g.title: g for g in self._action_groups}
+        return groups.get(title) or self.add_argument_group(title)
+
+    def error(self, message: str) -> NoReturn:
+        unknown = re.findall(r"--[\w-]+", message) if "unrecognized" in message else []
+        known = [flag for flag in self._option_string_actions if flag[:2] == "--"]
+        close = [m for u in unknown for m in difflib.get_close_matches(u, known, 1)]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint}; see --help\n")
 
 
 # Chapter 20, "Presets"
@@ -103,9 +215,9 @@ __all__ = [
 class Experiment:
     """What a preset prepares: model, tokenizer, data, training defaults (chapter 20).
 
-    options holds the preset's settings that decide the model and the data (say,
-    the task's number of symbols); a resumed run must use the same ones. task is
-    what its checkpoints say they are trained for (chapter 13).
+    options: the preset's settings that decide the model and the data, which a
+    resumed run must share; task: what its checkpoints say they are trained for
+    (chapter 13).
     """
 
     model_config: TransformerConfig
@@ -122,43 +234,18 @@ class Experiment:
     task: dict[str, Any] | None = None
 
 
-def synthetic_options(group: Any) -> None:
-    """The flags of the copy and reverse presets (chapter 20)."""
-    for flag, default, help in (
-        ("--n-symbols", 10, "symbols of the task"),
-        ("--max-len", 10, "longest string"),
-        ("--train-size", 20_000, "training pairs"),
-        ("--valid-size", 500, "validation pairs"),
-    ):
-        group.add_argument(
-            flag,
-            type=int,
-            default=argparse.SUPPRESS,
-            help=f"{help} (default {default})",
-        )
-
-
 def synthetic_experiment(
-    name: str, options: dict[str, Any], device: torch.device
+    name: str, task: SyntheticTask, device: torch.device
 ) -> Experiment:
     """Chapter 13's copy or reverse run: the tiny model, 400 steps (chapter 20)."""
-    o = {
-        "n_symbols": 10,
-        "max_len": 10,
-        "train_size": 20_000,
-        "valid_size": 500,
-        **options,
-    }
-    tokenizer = synthetic_tokenizer(o["n_symbols"])
+    tokenizer = synthetic_tokenizer(task.n_symbols)
 
     def pairs(n: int, seed: int) -> Pairs:
-        return encode_pairs(
-            tokenizer,
-            synthetic_pairs(name, n, o["n_symbols"], 1, o["max_len"], seed=seed),
-        )
+        strings = synthetic_pairs(name, n, task.n_symbols, 1, task.max_len, seed=seed)
+        return encode_pairs(tokenizer, strings)
 
-    train, valid = pairs(o["train_size"], 1), pairs(o["valid_size"], 2)
-    config = TransformerConfig.tiny(tokenizer.vocab_size, max_len=o["max_len"] + 1)
+    train, valid = pairs(task.train_size, 1), pairs(task.valid_size, 2)
+    config = TransformerConfig.tiny(tokenizer.vocab_size, max_len=task.max_len + 1)
     return Experiment(
         config,
         tokenizer,
@@ -169,72 +256,34 @@ def synthetic_experiment(
         bucket_size=1,
         metric=lambda model: exact_match(model, valid),
         metric_name="exact match",
-        options=o,
+        options=dataclasses.asdict(task),
         task={"data": name},
     )
 
 
-SYNTHETIC_TRAIN_CONFIG = TrainConfig(
-    steps=400,
-    warmup=100,
-    factor=0.5,
-    label_smoothing=0.1,
-    clip_norm=1.0,
-    eval_every=40,
-    log_every=40,
-    checkpoint_every=40,
-    keep_checkpoints=5,
-)
+@dataclass(frozen=True)
+class Multi30kTask:
+    """The data and recipe of the presets multi30k-DIRECTION (chapter 20)."""
 
-
-def multi30k_options(group: Any) -> None:
-    """The flags of the Multi30k presets of `aiayn train` (chapter 20)."""
-    quiet = argparse.SUPPRESS  # a flag that is not given is not in the options
-    group.add_argument(
-        "--data-dir",
-        default=quiet,
-        help=f"the Multi30k directory (default: ${DATA_ENV}, "
-        "else download to the cache)",
+    model: str | None = setting(
+        None,
+        "the recipe: gpu (49M parameters), long (7.6M, hours on a CPU), book (5M, "
+        "minutes), tiny (tests); default: gpu on a GPU, else book",
+        choices=tuple(RECIPES),
     )
-    group.add_argument(
-        "--model",
-        choices=list(RECIPES),
-        default=quiet,
-        help="gpu: the 49M-parameter recipe; long: the 7.6M model trained to "
-        "convergence, hours on a CPU; book: this chapter's 5M model, minutes on a "
-        "CPU; tiny: for tests (default: gpu on a GPU, book elsewhere)",
-    )
-    group.add_argument(
-        "--dropout",
-        type=float,
-        default=quiet,
-        help="dropout rate (default: the recipe's)",
-    )
-    group.add_argument(
-        "--vocab-size",
-        type=int,
-        default=quiet,
-        help="joint subword vocabulary (default: the recipe's)",
-    )
-    group.add_argument(
-        "--train-size",
-        type=int,
-        default=quiet,
-        help="train on the first N training pairs only",
-    )
-    group.add_argument(
-        "--bleu-size",
-        type=int,
-        default=quiet,
-        help="validation sentences scored by BLEU (default: all 1,014)",
+    vocab_size: int | None = setting(None, "joint subwords (the recipe's)", low=5)
+    train_size: int | None = setting(None, "train on the first N pairs only", low=1)
+    bleu_size: int | None = setting(None, "sentences scored by BLEU (all)", low=1)
+    data_dir: str | None = setting(
+        None, f"the Multi30k folder (${DATA_ENV}, else the cache)", metavar="DIR"
     )
 
 
 def multi30k_experiment(
-    name: str, options: dict[str, Any], device: torch.device
+    name: str, task: Multi30kTask, device: torch.device
 ) -> Experiment:
     """The preset multi30k-DIRECTION, valid BLEU as the metric (chapter 20)."""
-    model = options.get("model") or ("gpu" if device.type == "cuda" else "book")
+    model = task.model or ("gpu" if device.type == "cuda" else "book")
     if model == "gpu" and device.type != "cuda":
         # measured in results/multi30k-de-en/gpu-recipe-on-cpu.log
         print(
@@ -246,22 +295,13 @@ def multi30k_experiment(
     recipe = dataclasses.replace(
         RECIPES[model], direction=name.removeprefix("multi30k-")
     )
-    if options.get("vocab_size") is not None:
-        recipe = dataclasses.replace(recipe, vocab_size=options["vocab_size"])
-    if options.get("dropout") is not None:
-        dropout = dataclasses.replace(recipe.model, dropout=options["dropout"])
-        recipe = dataclasses.replace(recipe, model=dropout)
-    tokenizer, train, valid = prepare_multi30k(
-        recipe, options.get("data_dir"), options.get("train_size")
-    )
-    scored = valid[: options["bleu_size"]] if options.get("bleu_size") else valid
-    kept = {  # what decides the model and the data
-        "model": model,
-        "vocab_size": recipe.vocab_size,
-        "dropout": recipe.model.dropout,
-        "train_size": options.get("train_size"),
-        "bleu_size": options.get("bleu_size"),
-    }
+    if task.vocab_size is not None:
+        recipe = dataclasses.replace(recipe, vocab_size=task.vocab_size)
+    tokenizer, train, valid = prepare_multi30k(recipe, task.data_dir, task.train_size)
+    scored = valid[: task.bleu_size] if task.bleu_size else valid
+    resolved = dataclasses.replace(task, model=model, vocab_size=recipe.vocab_size)
+    kept = dataclasses.asdict(resolved)
+    del kept["data_dir"]  # where the files are is not what they are
     return Experiment(
         recipe.model_config(tokenizer.vocab_size),
         tokenizer,
@@ -300,13 +340,12 @@ def _preset_config(
 class Preset:
     """A recipe of `python -m aiayn train --preset NAME` and its help (chapter 20).
 
-    build(name, options, device) returns the Experiment; options(group) adds the
-    preset's own flags to an argparse group, each with default=argparse.SUPPRESS
-    so that only the given ones appear.
+    build(name, settings, device) returns the Experiment; settings is an instance
+    of the dataclass `options`, whose fields are the preset's own flags.
     """
 
-    build: Callable[[str, dict[str, Any], torch.device], Experiment]
-    options: Callable[[Any], None]
+    build: Callable[[str, Any, torch.device], Experiment]
+    options: type
     help: str
 
 
@@ -314,7 +353,7 @@ PRESETS: dict[str, Preset] = {
     **{
         task: Preset(
             synthetic_experiment,
-            synthetic_options,
+            SyntheticTask,
             f"{task} strings of 10 symbols, a tiny model, under a minute on a CPU "
             "(chapter 13)",
         )
@@ -323,7 +362,7 @@ PRESETS: dict[str, Preset] = {
     **{
         f"multi30k-{d}": Preset(
             multi30k_experiment,
-            multi30k_options,
+            Multi30kTask,
             f"Multi30k {d}: the 5M-parameter model on a CPU (minutes), the 49M "
             f"one on a GPU (chapter 16)",
         )
@@ -351,21 +390,6 @@ def _threads(device: torch.device, threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-BOOK_URL = "https://literate-transformer.github.io/aiayn"
-THREADS_HELP = "CPU threads (default on a CPU: 1, fastest on shared cores)"
-
-
-def _at_least_one(text: str) -> int:
-    """A flag's whole number, at least 1 (--threads, --limit)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return value
-
-
 @contextlib.contextmanager
 def _plain_warnings() -> Iterator[None]:
     """Inside, a warning prints as one line, `warning: ...`."""
@@ -378,66 +402,63 @@ def _plain_warnings() -> Iterator[None]:
         yield
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The flags of `python -m aiayn train`, without the preset's own (chapter 20)."""
-    p = argparse.ArgumentParser(
+@dataclass(frozen=True)
+class ModelOptions:
+    """The model a command reads, and the CPU threads it uses (chapter 20)."""
+
+    checkpoint: str | None = setting(
+        None, "a checkpoint, or a run's folder (last.pt)", metavar="PATH"
+    )
+    pretrained: str | None = setting(
+        None,
+        f"a shipped model ({', '.join(PRETRAINED)}), or a Hugging Face Marian or "
+        "FSMT model: its folder, or online owner/model",
+        metavar="NAME",
+    )
+    direction: str | None = setting(
+        None, "the direction the model must translate", choices=DIRECTIONS
+    )
+    threads: int | None = setting(None, "CPU threads (on a CPU: 1, see ch. 20)", low=1)
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The settings of `train` besides the model's and the training's (chapter 20)."""
+
+    preset: str | None = setting(None, "a preset listed below (default: copy)")
+    task: str | None = setting(None, "--task copy: --preset copy", choices=TASKS)
+    resume: str | None = setting(
+        None, "continue the run of this checkpoint or folder", metavar="PATH"
+    )
+    max_tokens: int | None = setting(None, "positions per batch (the preset's)", low=1)
+    grad_checkpointing: bool = setting(False, "recompute activations (chapter 14)")
+
+
+def _train_parser() -> CommandParser:
+    """The flags of `python -m aiayn train`, every one a field (chapter 20)."""
+    presets = "\n".join(
+        textwrap.fill(
+            p.help, 80, initial_indent=f"  {n:16s}", subsequent_indent=18 * " "
+        )
+        for n, p in PRESETS.items()
+    )
+    p = CommandParser(
         prog="python -m aiayn train",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a Transformer on a preset (default: copy), or continue "
-        "a run with --resume.\n"
-        "On several GPUs or machines: torchrun --nproc_per_node N -m aiayn train ...",
-        epilog="presets:\n"
-        + "\n".join(
-            textwrap.fill(
-                p.help, 80, initial_indent=f"  {n:16s}", subsequent_indent=18 * " "
-            )
-            for n, p in PRESETS.items()
-        )
-        + f"\n\nThe book, chapters 13, 14 and 20: {BOOK_URL}",
+        "a run with --resume.\nOn several GPUs or machines: torchrun "
+        "--nproc_per_node N -m aiayn train ...",
+        epilog=f"presets:\n{presets}\n\nThe book, chapters 13, 14 and 20: {BOOK_URL}",
     )
-    which = p.add_mutually_exclusive_group()
-    which.add_argument(
-        "--task", choices=TASKS, help="a synthetic task: the same as --preset TASK"
-    )
-    which.add_argument("--preset", help="a preset from the list below")
-    p.add_argument(
-        "--resume",
-        metavar="PATH",
-        help="continue the run of this checkpoint (or folder)",
-    )
-    _add_config_flags(p)
-    _add_process_flags(p)
+    add_flags(p, TrainOptions, "the run")
+    add_flags(p, ModelOptions, "the run", only=["threads"])
+    add_flags(p, TrainConfig, "training (chapter 13)")
+    model = "the model (chapter 9), changed from the preset's"
+    add_flags(p, TransformerConfig, model, defaults=False)
+    for options in dict.fromkeys(preset.options for preset in PRESETS.values()):
+        names = [n for n, preset in PRESETS.items() if preset.options is options]
+        add_flags(p, options, f"the presets {', '.join(names)}")
     return p
-
-
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per field of TrainConfig, with the field's help (chapter 20)."""
-    for f in dataclasses.fields(TrainConfig):
-        flag, help = "--" + f.name.replace("_", "-"), f.metadata["help"]
-        if f.type == "bool" and f.default:  # annotations are strings here
-            p.add_argument(
-                f"--no-{flag[2:]}",
-                dest=f.name,
-                action="store_false",
-                default=None,
-                help=f.metadata["off"],
-            )
-        elif f.type == "bool":
-            p.add_argument(flag, action="store_true", default=None, help=help)
-        elif f.name == "amp":
-            p.add_argument(flag, choices=AMP_MODES, help=help)
-        else:
-            kind = int if f.type == "int" else float if "float" in f.type else str
-            p.add_argument(flag, type=kind, help=help)
-
-
-def _add_process_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of `train` that are not fields of TrainConfig (chapter 20)."""
-    p.add_argument("--max-tokens", type=int, help="positions per batch")
-    p.add_argument("--threads", type=_at_least_one, help=THREADS_HELP)
-    p.add_argument(
-        "--grad-checkpointing", action="store_true", help="recompute activations"
-    )
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -446,10 +467,10 @@ def train_main(argv: list[str] | None = None) -> int:
     A mistake of the user prints one `error:` line and returns 2; a run that
     diverges returns 1; a signal saves the run and returns 128 + the signal's number.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _train_parser().parse_args(argv)
     try:
         with _plain_warnings():
-            return _run(argv)
+            return _run(args)
     except TrainingInterrupted as stop:
         signal.signal(stop.signum, signal.SIG_IGN)  # saved: a repeat changes nothing
         hint = "" if stop.path is None else f"; continue with --resume {stop.path}"
@@ -467,31 +488,33 @@ def train_main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _run(argv: list[str]) -> int:
-    parser = _parser()
-    general = set(vars(parser.parse_args([])))  # every flag but the preset's own
-    known, _ = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
-    resume = checkpoint_file(known.resume) if known.resume else None
+def _run(args: argparse.Namespace) -> int:
+    run = TrainOptions(**given(args, TrainOptions))
+    resume = checkpoint_file(run.resume) if run.resume else None
     if resume is not None and not resume.is_file():
         raise ValueError(
             f"no checkpoint at {resume}: --resume takes a checkpoint file, or the "
             "folder of a run, which holds its last.pt."
         )
-    saved = {} if resume is None else read_checkpoint(resume).get("training") or {}
+    loaded = {} if resume is None else read_checkpoint(resume)
+    saved = loaded.get("training") or {}
     if resume is not None:  # a state this version can continue, before anything else
         check_training_version(saved or None, resume)
         saved_train_config(saved, resume)
-    name = known.task or known.preset or saved.get("run", {}).get("preset", "copy")
+    if run.task and run.preset:
+        raise ValueError("give --task or --preset, not both.")
+    name = run.task or run.preset or saved.get("run", {}).get("preset", "copy")
     if name not in PRESETS:
-        parser.error(f"unknown preset {name!r}; the presets are {', '.join(PRESETS)}.")
-    PRESETS[name].options(parser.add_argument_group(f"options of the preset {name}"))
-    args = parser.parse_args(argv)
+        close = difflib.get_close_matches(name, list(PRESETS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(
+            f"unknown preset {name!r}{hint}; the presets: {', '.join(PRESETS)}."
+        )
     device = pick_device(args.device or "auto")
     with _threads(device, args.threads):
         rank, world_size = init_distributed(device)
         try:
-            given = {k: v for k, v in vars(args).items() if k not in general}
-            return _train(args, name, given, saved, resume, device, (rank, world_size))
+            return _train(args, name, loaded, resume, device, (rank, world_size))
         finally:
             if world_size > 1 and dist.is_initialized():
                 dist.destroy_process_group()
@@ -500,17 +523,23 @@ def _run(argv: list[str]) -> int:
 def _train(
     args: argparse.Namespace,
     name: str,
-    given: dict[str, Any],
-    saved: dict[str, Any],
+    loaded: dict[str, Any],
     resume: Path | None,
     device: torch.device,
     world: tuple[int, int],
 ) -> int:
     """Build the preset's experiment, train it, average its snapshots (chapter 20)."""
+    saved = loaded.get("training") or {}
     run = saved.get("run", {})
-    _check_same_run(resume, name, run, given)
+    settings = _preset_settings(args, name, run)
+    model_changes = given(args, TransformerConfig)
+    changes = {**given(args, type(settings)), **model_changes}
+    _check_same_run(resume, name, run, loaded.get("config", {}), changes)
     torch.manual_seed(args.seed or 0)  # the same initial weights in every process
-    experiment = PRESETS[name].build(name, {**run.get("options", {}), **given}, device)
+    experiment = PRESETS[name].build(name, settings, device)
+    experiment.model_config = dataclasses.replace(
+        experiment.model_config, **model_changes
+    )
     base = (
         experiment.train_config if resume is None else saved_train_config(saved, resume)
     )
@@ -533,6 +562,19 @@ def _train(
     return 0
 
 
+def _preset_settings(args: argparse.Namespace, name: str, run: dict) -> Any:
+    """The settings of the preset name: the resumed run's, then the flags given."""
+    cls = PRESETS[name].options
+    own = {f.name for f in dataclasses.fields(cls)}
+    for preset in PRESETS.values():
+        stray = sorted(set(given(args, preset.options)) - own)
+        if stray:
+            flag = "--" + stray[0].replace("_", "-")
+            raise ValueError(f"{flag} is not a setting of the preset {name}.")
+    recorded = {k: v for k, v in run.get("options", {}).items() if k in own}
+    return cls(**{**recorded, **given(args, cls)})
+
+
 def _train_config(
     args: argparse.Namespace,
     base: TrainConfig,
@@ -541,20 +583,12 @@ def _train_config(
     device: torch.device,
 ) -> TrainConfig:
     """The preset's or the resumed run's TrainConfig, changed by the flags given."""
-    given = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(TrainConfig)
-        if getattr(args, f.name) is not None
-    }
-    if "clip_norm" in given:
-        given["clip_norm"] = given["clip_norm"] or None  # 0 turns clipping off
     folder = args.checkpoint_dir or (
         str(resume.parent) if resume is not None else f"checkpoints/{name}"
     )
     process = dict(overwrite=False, progress=True)  # unless the flags say otherwise
-    return dataclasses.replace(
-        base, **{**process, **given, "checkpoint_dir": folder, "device": str(device)}
-    )
+    changes = {**process, **given(args, TrainConfig), "checkpoint_dir": folder}
+    return dataclasses.replace(base, **{**changes, "device": str(device)})
 
 
 def _trainer(
@@ -640,64 +674,84 @@ def _average(trainer: RunTrainer, experiment: Experiment, device: torch.device) 
 
 
 def _check_same_run(
-    resume: Path | None, name: str, run: dict[str, Any], given: dict[str, Any]
+    resume: Path | None,
+    name: str,
+    run: dict[str, Any],
+    config: dict[str, Any],
+    changes: dict[str, Any],
 ) -> None:
-    """A resumed run keeps its preset and the preset's options; name what differs."""
+    """A resumed run keeps its preset, data and model; name each flag that differs.
+
+    config: the model's configuration in the checkpoint; changes: the flags given.
+    """
     if resume is None:
         return
     if "preset" not in run:
         raise ValueError(
             f"{resume} was not written by `python -m aiayn train` (it names no "
-            "preset); continue it in Python with RunTrainer.resume, or start a new "
-            "run."
+            "preset); start a new run."
         )
     if name != run["preset"]:
         raise ValueError(
             f"{resume} was trained with the preset {run['preset']!r}, not "
             f"{name!r}; resume without --task/--preset, or start a new run."
         )
+    recorded = {**config, **run.get("options", {})}
     changed = [
-        f"--{k.replace('_', '-')} {run['options'][k]} there, {v} here"
-        for k, v in given.items()
-        if k in run.get("options", {}) and run["options"][k] != v
+        f"--{k.replace('_', '-')} {recorded[k]} there, {v} here"
+        for k, v in changes.items()
+        if k in recorded and recorded[k] != v
     ]
     if changed:
         raise ValueError(
-            f"{resume} was trained on other data: {'; '.join(changed)}. Resume "
-            f"without these flags, or start a new run."
+            f"{resume} was trained with other settings: {'; '.join(changed)}. "
+            "Resume without these flags, or start a new run."
         )
 
 
 # Chapter 20, "Translating: `python -m aiayn translate`"
+@dataclass(frozen=True)
+class TranslateOptions:
+    """What `translate` reads and where it writes (chapter 20)."""
+
+    text: list[str] | None = setting(
+        None, "texts to translate (default: the lines of --input)", positional=True
+    )
+    input: str | None = setting(None, "a file of texts, one a line", metavar="FILE")
+    output: str | None = setting(None, "write the translations here", metavar="FILE")
+
+
 def translate_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m aiayn translate`: decode texts with a model (chapter 20).
+    """`python -m aiayn translate`: translate texts with a model (chapter 20).
 
     Returns 0; 2 for a mistake that stops everything; 1 when some inputs were not
     translated (each named on standard error, its output line left empty); 128 + N
     when signal N stopped it.
     """
     args = _translate_parser().parse_args(argv)
-    output, texts = _Output(), []
+    output, texts, refused = _Output(args.output), [], {}
     with _plain_warnings(), _exit_on_signals():
         try:
-            source = _source(args)
-            texts, refused = _inputs(args.text)  # refused: index -> why
-            if not any(text.strip() for text in texts) and not refused:
-                raise ValueError(
-                    "nothing to translate: give the texts as arguments, or as "
-                    "lines on standard input."
-                )
-            device = pick_device(args.device or "auto")  # chapter 13: cuda, mps, cpu
+            source, config = _source(args), _decoding(args)
+            texts, refused = _inputs(args.text, args.input)  # refused: index -> why
+            _writable(args.output)
+            device = pick_device(args.device or "auto")  # chapter 11: cuda, mps, cpu
             with _threads(device, args.threads):
                 model, tokenizer, task = _load_model(source, device)
                 if source.kind == "shipped":  # its limits are in its model card too
                     scope = PRETRAINED_SCOPE[source.name]
                     print(f"note: {source.name} {scope}.", file=sys.stderr)
                 _direction(args.direction, task, source)  # a check only
-                refused |= _too_long(model, tokenizer, texts, refused)
                 todo = ["" if i in refused else text for i, text in enumerate(texts)]
-                options = _decoding_options(args, device)
-                translate(model, tokenizer, todo, **options, on_batch=output.write)
+                refuse = _refuser(refused, model.config.max_len)
+                translate(
+                    model,
+                    tokenizer,
+                    todo,
+                    config,
+                    on_batch=output.write,
+                    on_too_long=refuse,
+                )
         except ValueError as err:
             return _fail(str(err))
         except _Stopped as stop:
@@ -708,22 +762,28 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
 
 
 class _Output:
-    """Standard output, written a batch of lines at a time and flushed; counted."""
+    """The output lines, written a batch at a time and flushed; counted."""
 
-    def __init__(self) -> None:
-        self.count = 0
+    def __init__(self, path: str | None) -> None:
+        self.path, self.count, self.file = path, 0, None
 
     def write(self, lines: list[str]) -> None:
         try:
-            sys.stdout.write("".join(line + "\n" for line in lines))
-            sys.stdout.flush()
+            if self.file is None:
+                self.file = (
+                    sys.stdout
+                    if self.path is None
+                    else open(self.path, "w", encoding="utf-8")
+                )
+            self.file.write("".join(line + "\n" for line in lines))
+            self.file.flush()
         except OSError as err:
             raise _OutputFailed(err) from None
         self.count += len(lines)
 
 
 class _OutputFailed(Exception):
-    """Standard output could not be written: a full disk, a closed pipe."""
+    """The output could not be written: a full disk, a closed pipe."""
 
     def __init__(self, error: OSError) -> None:
         super().__init__(error.strerror or str(error))
@@ -736,6 +796,24 @@ class _OutputFailed(Exception):
         if isinstance(self.error, BrokenPipeError):  # `| head`: the reader has enough
             return 128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 1
         return _fail(f"cannot write the translations ({self}); {done}.")
+
+
+def _writable(output: str | None) -> None:
+    """A ValueError unless output can be written; nothing in it changes."""
+    if output is None:
+        return
+    path = Path(output)
+    try:
+        existed = path.exists()
+        with open(path, "a", encoding="utf-8"):  # appends nothing, truncates nothing
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as err:
+        raise ValueError(
+            f"cannot write the translations to {path} ({err.strerror or err}); "
+            "give --output a file in an existing, writable directory."
+        ) from None
 
 
 class _Stopped(Exception):
@@ -769,10 +847,20 @@ def _exit_on_signals() -> Iterator[None]:
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
-def _inputs(texts: Sequence[str]) -> tuple[list[str], dict[int, str]]:
+def _inputs(
+    texts: list[str] | None, path: str | None
+) -> tuple[list[str], dict[int, str]]:
     """The texts to translate, and the indices of those that are not text, with why."""
+    if texts and path is not None:
+        raise ValueError("give the texts as arguments or as --input FILE, not both.")
+    if texts and len(texts) == 1 and Path(texts[0]).is_file():
+        raise ValueError(
+            f"{texts[0]} is a file: translate its lines with --input {texts[0]}"
+        )
     if texts:  # arguments: undecodable bytes are surrogates (PEP 383)
         lines = [text.encode("utf-8", "surrogateescape") for text in texts]
+    elif path is not None:
+        lines = _split_lines(Path(path).read_bytes())
     else:
         if sys.stdin.isatty():
             print(
@@ -790,24 +878,24 @@ def _inputs(texts: Sequence[str]) -> tuple[list[str], dict[int, str]]:
                 f"not UTF-8 (byte 0x{line[err.start]:02x} at byte {err.start + 1}); "
                 "convert it, e.g. with iconv -f latin1 -t utf-8"
             )
+    if not any(text.strip() for text in decoded) and not refused:
+        raise ValueError(
+            "nothing to translate: give the texts as arguments, --input FILE, or "
+            "lines on standard input."
+        )
     return decoded, refused
 
 
-def _too_long(
-    model: Transformer, tokenizer: Any, texts: list[str], refused: dict[int, str]
-) -> dict[int, str]:
-    """The texts longer than the model's positional table, with why (chapter 15)."""
-    encoded = [
-        (i, tokenizer.encode(text))
-        for i, text in enumerate(texts)
-        if text.strip() and i not in refused
-    ]
-    limit = model.config.max_len
-    return {
-        i: f"{n} tokens, more than the model's positional table holds "
-        f"(max_len={limit}); shorten or split it"
-        for i, n in too_long_inputs(model, encoded)
-    }
+def _refuser(refused: dict[int, str], limit: int) -> Callable[[int, int], None]:
+    """What translate calls for a text longer than the model's table of limit rows."""
+
+    def refuse(i: int, tokens: int) -> None:
+        refused[i] = (
+            f"{tokens} tokens, more than the model's positional table holds "
+            f"(max_len={limit}); shorten or split it"
+        )
+
+    return refuse
 
 
 def _report(refused: dict[int, str], total: int, kind: str) -> int:
@@ -841,6 +929,8 @@ HUB_NAME = re.compile(r"\w[\w.-]*/\w[\w.-]*")  # owner/model
 
 def _source(args: argparse.Namespace) -> ModelSource:
     """The model a command reads, or a ValueError saying what is wrong with it."""
+    if (args.checkpoint is None) == (args.pretrained is None):
+        raise ValueError("give the model as --checkpoint PATH or --pretrained NAME.")
     if args.checkpoint is not None:
         path = checkpoint_file(args.checkpoint)
         if not path.is_file():
@@ -902,17 +992,12 @@ def _load_model(
             "tokenizer with the model."
         )
     task = checkpoint_task(checkpoint, source.where)
-    preset = ((checkpoint.get("training") or {}).get("run") or {}).get("preset")
-    if task is None and preset in PRESETS:  # a run older than the record
-        task = _preset_task(preset)
+    preset = ((checkpoint.get("training") or {}).get("run") or {}).get("preset", "")
+    if task is None and preset.startswith("multi30k-"):  # older than the record
+        task = {"data": "multi30k", "direction": preset.removeprefix("multi30k-")}
+    elif task is None and preset in TASKS:
+        task = {"data": preset}
     return model.to(device), tokenizer, task
-
-
-def _preset_task(name: str) -> dict[str, Any]:
-    """What the checkpoints of the preset name are trained for."""
-    if name.startswith("multi30k-"):
-        return {"data": "multi30k", "direction": name.removeprefix("multi30k-")}
-    return {"data": name}
 
 
 def _direction(
@@ -929,21 +1014,24 @@ def _direction(
     return trained or asked
 
 
-def _decoding_options(args: argparse.Namespace, device: torch.device) -> dict:
-    """The keyword arguments of translate that the command's options ask for."""
-    generator = None
-    if args.sample:
-        generator = torch.Generator(device=device).manual_seed(args.seed)
-    return dict(
-        method="greedy" if args.greedy else "sample" if args.sample else "beam",
-        beam_size=args.beam_size,
-        alpha=args.alpha,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        generator=generator,
-        max_len=args.max_len,
-        batch_size=args.batch_size,
-    )
+def _decoding(args: argparse.Namespace, methods: Sequence[str] = ()) -> DecodingConfig:
+    """The DecodingConfig that the flags ask for (chapter 15).
+
+    methods: the searches the command allows, if not all.
+    """
+    changes = given(args, DecodingConfig)
+    config = decoding_config(None, **changes)
+    if methods and config.method not in methods:
+        raise ValueError(f"--{config.method} is not one of this command's searches.")
+    for f in dataclasses.fields(DecodingConfig):
+        only = f.metadata.get("only")
+        if f.name in changes and only not in (None, config.method):
+            flag = "--" + f.name.replace("_", "-")
+            raise ValueError(
+                f"{flag} is for --{only}; with --{config.method} it "
+                "would change nothing."
+            )
+    return config
 
 
 def _split_lines(data: bytes) -> list[bytes]:
@@ -959,115 +1047,44 @@ def _split_lines(data: bytes) -> list[bytes]:
     return [line[:-1] if line.endswith(b"\r") else line for line in lines]
 
 
-_NUMBER_OPTIONS = (  # flag, type, default, help
-    ("--beam-size", int, 4, "beam search: hypotheses kept (default 4)"),
-    ("--alpha", float, 0.6, "beam search: length penalty (default 0.6)"),
-    ("--temperature", float, 1.0, "--sample: temperature (default 1.0)"),
-    ("--top-k", int, None, "--sample: sample among the k best tokens"),
-    ("--seed", int, 0, "--sample: random seed (default 0)"),
-    ("--max-len", int, None, "most output tokens (default: input length + 50)"),
-    ("--batch-size", int, 64, "sentences decoded at once (default 64)"),
-)
-
-
-CHECKPOINT_HELP = "a checkpoint with its tokenizer, or a directory holding last.pt"
-
-
-def _model_options(
-    p: argparse.ArgumentParser,
-    checkpoint_help: str = CHECKPOINT_HELP,
-    pretrained_help: str | None = None,
-) -> None:
-    """--checkpoint or --pretrained, exactly one: the model a command reads."""
-    model = p.add_mutually_exclusive_group(required=True)
-    model.add_argument("--checkpoint", help=checkpoint_help)
-    model.add_argument(
-        "--pretrained",
-        metavar="NAME",
-        help=pretrained_help
-        or f"a shipped model ({', '.join(PRETRAINED)}), or a Hugging Face Marian or "
-        "FSMT model: its folder, or online its hub name owner/model",
-    )
-
-
-def _translate_parser() -> argparse.ArgumentParser:
-    """The options of `python -m aiayn translate` (chapter 20)."""
-    parser = argparse.ArgumentParser(
+def _translate_parser() -> CommandParser:
+    """The flags of `python -m aiayn translate` (chapter 20)."""
+    p = CommandParser(
         prog="python -m aiayn translate",
-        description="Translate text with a checkpoint written by `python -m aiayn "
-        "train`: the texts given as arguments, or else each line of standard input; "
-        "one output line per input.",
+        description="Translate texts with a model: the texts given as arguments, or "
+        "the lines of a file or of standard input, one output line for each.",
+        epilog=f"The book, chapters 15 and 20: {BOOK_URL}",
     )
-    parser.add_argument(
-        "text",
-        nargs="*",
-        help="texts to translate (default: the lines of standard input)",
-    )
-    _model_options(
-        parser,
-        "a checkpoint file with model and tokenizer, or a directory holding last.pt",
-    )
-    parser.add_argument(
-        "--direction",
-        choices=DIRECTIONS,
-        help="refuse a model trained for another direction",
-    )
-    how = parser.add_mutually_exclusive_group()
-    how.add_argument(
-        "--greedy", action="store_true", help="greedy search instead of beam search"
-    )
-    how.add_argument(
-        "--sample", action="store_true", help="sample instead of beam search"
-    )
-    for flag, kind, default, text in _NUMBER_OPTIONS:
-        parser.add_argument(flag, type=kind, default=default, help=text)
-    parser.add_argument(
-        "--device", default=None, help="e.g. cpu or cuda (default: cuda if available)"
-    )
-    parser.add_argument("--threads", type=_at_least_one, help=THREADS_HELP)
-    return parser
+    add_flags(p, TranslateOptions, "texts")
+    add_flags(p, ModelOptions, "the model")
+    add_flags(p, TrainConfig, "the model", only=["device"])
+    add_flags(p, DecodingConfig, "decoding (chapter 15)")
+    return p
 
 
 # Chapter 20, "Scoring: `python -m aiayn bleu`"
-def _bleu_parser() -> argparse.ArgumentParser:
-    """The options of `python -m aiayn bleu` (chapter 20)."""
-    p = argparse.ArgumentParser(
+@dataclass(frozen=True)
+class BleuOptions:
+    """What `bleu` scores (chapter 20)."""
+
+    split: str = setting("test2016", "the split", choices=tuple(MULTI30K_SPLITS))
+    limit: int | None = setting(None, "only the first N sentences", low=1)
+
+
+def _bleu_parser() -> CommandParser:
+    """The flags of `python -m aiayn bleu` (chapter 20)."""
+    p = CommandParser(
         prog="python -m aiayn bleu",
-        description="Translate a Multi30k split with a checkpoint and print its "
-        "sacreBLEU.",
+        description="Translate a Multi30k split with a model and print its "
+        "sacreBLEU, with its signature.",
+        epilog=f"The book, chapters 16 and 20: {BOOK_URL}",
     )
-    _model_options(p)
-    p.add_argument(
-        "--split",
-        choices=list(MULTI30K_SPLITS),
-        default="test2016",
-        help="default: test2016",
-    )
-    p.add_argument(
-        "--direction",
-        choices=DIRECTIONS,
-        help="default: the one the model was trained for; a model that does not "
-        "record it needs this",
-    )
-    p.add_argument(
-        "--data-dir",
-        help=f"the Multi30k directory (default: ${DATA_ENV}, else the cache)",
-    )
-    p.add_argument(
-        "--greedy", action="store_true", help="greedy search instead of beam search"
-    )
-    p.add_argument("--beam-size", type=int, default=4, help="default: 4")
-    p.add_argument(
-        "--alpha", type=float, default=0.6, help="length penalty (default: 0.6)"
-    )
-    p.add_argument(
-        "--limit", type=_at_least_one, help="only the first N sentences (N >= 1)"
-    )
-    p.add_argument(
-        "--output", help="also write the translations to this file, one per line"
-    )
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--threads", type=_at_least_one, help=THREADS_HELP)
+    add_flags(p, BleuOptions, "the data")
+    add_flags(p, Multi30kTask, "the data", only=["data_dir"])
+    add_flags(p, TranslateOptions, "the data", only=["output"])
+    add_flags(p, ModelOptions, "the model")
+    add_flags(p, TrainConfig, "the model", only=["device"])
+    add_flags(p, DecodingConfig, "decoding (chapter 15)")
     return p
 
 
@@ -1075,7 +1092,7 @@ def _scored_direction(
     asked: str | None, task: dict[str, Any] | None, source: ModelSource
 ) -> str:
     """The direction to score: the model's own; --direction must agree with it."""
-    if task is not None and task.get("data") != "multi30k":
+    if task is not None and task.get("data") not in (None, "multi30k"):
         raise ValueError(
             f"{source.name} was trained on the task {task.get('data')!r}, not on "
             "Multi30k; bleu scores translations of Multi30k."
@@ -1090,90 +1107,71 @@ def _scored_direction(
 
 
 def bleu_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m aiayn bleu`: a model's sacreBLEU on a split (chapter 20)."""
+    """`python -m aiayn bleu`: score a model with sacreBLEU on a split (chapter 20)."""
     args = _bleu_parser().parse_args(argv)
-    output = Path(args.output) if args.output else None
-    if output is not None and not _writable(output):
-        return 2
+    data = BleuOptions(**given(args, BleuOptions))
     with _plain_warnings(), _exit_on_signals():
         try:
-            source = _source(args)
-            device = pick_device(args.device)
+            source, config = _source(args), _decoding(args, ("beam", "greedy"))
+            _writable(args.output)
+            device = pick_device(args.device or "auto")
             with _threads(device, args.threads):
                 model, tokenizer, task = _load_model(source, device)
                 direction = _scored_direction(args.direction, task, source)
-                pairs = load_multi30k(args.split, direction, args.data_dir)
-                pairs = pairs[: args.limit] if args.limit is not None else pairs
-                method = "greedy" if args.greedy else "beam"
-                result = evaluate_bleu(
-                    model, tokenizer, pairs, method, args.beam_size, args.alpha
-                )
-            if output is not None:
+                pairs = load_multi30k(data.split, direction, args.data_dir)
+                pairs = pairs[: data.limit] if data.limit is not None else pairs
+                result = evaluate_bleu(model, tokenizer, pairs, config)
+            if args.output is not None:
                 lines = "".join(line + "\n" for line in result.hypotheses)
-                output.write_text(lines, encoding="utf-8")
+                Path(args.output).write_text(lines, encoding="utf-8")
         except (ValueError, OSError) as err:
             return _fail(str(err))
         except _Stopped as stop:
             return stop.report("nothing scored")
-    how = "greedy" if args.greedy else f"beam {args.beam_size}, alpha {args.alpha}"
+    how = f"beam {config.beam_size}, alpha {config.alpha}"
+    how = "greedy" if config.method == "greedy" else how
     print(
-        f"{args.split} {direction}, {len(pairs)} sentences, {how}: BLEU "
+        f"{data.split} {direction}, {len(pairs)} sentences, {how}: BLEU "
         f"{result.score:.2f} (lowercased {result.lowercase_score:.2f})"
     )
     print(f"signature: {result.signature}")
     return 0
 
 
-def _writable(output: Path) -> bool:
-    """Whether output can be written, without changing it; else an error printed."""
-    try:
-        existed = output.exists()
-        with open(output, "a", encoding="utf-8"):  # appends nothing, truncates nothing
-            pass
-        if not existed:
-            output.unlink()
-    except OSError as err:
-        print(
-            f"error: cannot write the translations to {output} "
-            f"({err.strerror or err}); "
-            "give --output a file in an existing, writable directory.",
-            file=sys.stderr,
-        )
-        return False
-    return True
-
-
 # Chapter 20, "Exporting: `python -m aiayn export`"
-def _export_parser() -> argparse.ArgumentParser:
-    """The options of `python -m aiayn export` (chapter 20)."""
-    p = argparse.ArgumentParser(
+@dataclass(frozen=True)
+class ExportOptions:
+    """What `export` writes (chapter 20)."""
+
+    ctranslate2: str | None = setting(
+        None, "write a CTranslate2 model here (new, empty, or an export)", metavar="DIR"
+    )
+    quantization: str | None = setting(
+        None, "the weights' type (float32)", choices=QUANTIZATIONS
+    )
+
+
+def _export_parser() -> CommandParser:
+    """The flags of `python -m aiayn export` (chapter 20)."""
+    p = CommandParser(
         prog="python -m aiayn export",
         description="Write a model for an inference engine (chapter 19).",
+        epilog=f"The book, chapters 19 and 20: {BOOK_URL}",
     )
-    p.add_argument(
-        "--ctranslate2",
-        metavar="DIR",
-        required=True,
-        help="write a CTranslate2 model into DIR (new, empty, or an earlier export)",
-    )
-    _model_options(p)
-    p.add_argument(
-        "--quantization", choices=QUANTIZATIONS, help="the weights' type (float32)"
-    )
-    p.add_argument(
-        "--direction",
-        choices=DIRECTIONS,
-        help="the model's direction, recorded in the export; it must agree with "
-        "the one the model records",
+    add_flags(p, ExportOptions, "the export")
+    add_flags(
+        p, ModelOptions, "the model", only=["checkpoint", "pretrained", "direction"]
     )
     return p
 
 
 def export_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m aiayn export`: a model for the CTranslate2 engine (chapter 20)."""
+    """`python -m aiayn export`: write a model for the CTranslate2 engine (ch. 20)."""
     args = _export_parser().parse_args(argv)
     with _plain_warnings(), _exit_on_signals():
         try:
+            if args.ctranslate2 is None:
+                raise ValueError("give the folder to write: --ctranslate2 DIR.")
             source = _source(args)
             model, tokenizer, task = _load_model(source, torch.device("cpu"))
             direction = _direction(args.direction, task, source)

@@ -40,7 +40,7 @@ from tokenizers import (
 from torch import Tensor
 
 from aiayn.batching import load_checkpoint_model, pick_device
-from aiayn.decoding import translate
+from aiayn.decoding import DecodingConfig, decoding_config, translate
 from aiayn.engine import RunTrainer
 from aiayn.masks import is_int
 from aiayn.model import (
@@ -58,6 +58,7 @@ from aiayn.train import (
 )
 
 __all__ = [
+    "BLEU_DECODING",
     "BOOK_RECIPE",
     "BleuResult",
     "CACHE_ENV",
@@ -823,55 +824,47 @@ def corpus_bleu(
     return score, str(metric.get_signature())
 
 
+BLEU_DECODING = DecodingConfig(method="greedy", batch_size=100)  # fast, for training
+
+
 def evaluate_bleu(
     model: Transformer,
     tokenizer: Any,
     pairs: Sequence[tuple[str, str]],
-    method: str = "greedy",
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    batch_size: int = 100,
-    max_len: int | None = None,
+    config: DecodingConfig | None = None,
+    **changes: Any,
 ) -> BleuResult:
     """Translate the sources of (source, reference) pairs and score them (chapter 16).
 
-    Chapter 15's translate decodes the sources in batches of similar length (less
-    padding); the translations are returned in the order of the pairs.
+    config, changes: chapter 15's DecodingConfig (default: BLEU_DECODING, greedy)
+    and changes to it, e.g. method="beam". Chapter 15's translate decodes the
+    sources in batches of similar length (less padding); the translations are
+    returned in the order of the pairs.
     """
-    if method not in ("greedy", "beam"):
-        raise ValueError(f"method must be 'greedy' or 'beam', got {method!r}.")
+    c = decoding_config(config or BLEU_DECODING, **changes)
+    if c.method not in ("greedy", "beam"):
+        raise ValueError(f"method must be 'greedy' or 'beam', got {c.method!r}.")
     if len(pairs) == 0:
         raise ValueError("evaluate_bleu got no pairs.")
     sources = [source for source, _ in pairs]
-    options = dict(method=method, beam_size=beam_size, alpha=alpha, max_len=max_len)
-    hypotheses = _translate_by_length(model, tokenizer, sources, batch_size, options)
+    hypotheses = _translate_by_length(model, tokenizer, sources, c)
     references = [reference for _, reference in pairs]
     score, signature = corpus_bleu(hypotheses, references)
     lowercase_score, lowercase_signature = corpus_bleu(
         hypotheses, references, lowercase=True
     )
     return BleuResult(
-        score, lowercase_score, signature, lowercase_signature, hypotheses, method
+        score, lowercase_score, signature, lowercase_signature, hypotheses, c.method
     )
 
 
 def _translate_by_length(
-    model: Transformer,
-    tokenizer: Any,
-    sources: list[str],
-    batch_size: int,
-    options: dict[str, Any],
+    model: Transformer, tokenizer: Any, sources: list[str], config: DecodingConfig
 ) -> list[str]:
     """translate() of sources sorted by length, returned in their order (chapter 16)."""
     lengths = [len(tokenizer.encode(source)) for source in sources]
     order = sorted(range(len(sources)), key=lambda i: lengths[i])
-    outputs = translate(
-        model,
-        tokenizer,
-        [sources[i] for i in order],
-        batch_size=batch_size,
-        **options,
-    )
+    outputs = translate(model, tokenizer, [sources[i] for i in order], config)
     hypotheses = [""] * len(sources)
     for i, output in zip(order, outputs):
         hypotheses[i] = output

@@ -8,6 +8,7 @@ Chapter 15 of the book, book/15_decoding.md.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -19,18 +20,28 @@ from torch import Tensor
 
 from aiayn.batching import pad_sequences
 from aiayn.masks import is_int, is_number, padding_mask
-from aiayn.model import Transformer, eval_mode, nonfinite_weights
+from aiayn.model import (
+    Transformer,
+    check_settings,
+    eval_mode,
+    nonfinite_weights,
+    setting,
+)
 from aiayn.variants import draw
 
 __all__ = [
+    "ALPHA",
+    "BEAM_SIZE",
     "DECODING_METHODS",
     "DecodeResult",
+    "DecodingConfig",
     "MAX_ALPHA",
     "MAX_LEN_MARGIN",
     "MAX_TEMPERATURE",
     "MIN_TEMPERATURE",
     "STOP_CHECK_EVERY",
     "beam_search",
+    "decoding_config",
     "default_max_len",
     "greedy_search",
     "length_penalty",
@@ -277,10 +288,13 @@ def greedy_search(
 
 
 # Chapter 15, "The length penalty"
+BEAM_SIZE, ALPHA = 4, 0.6  # the paper's beam and length penalty (section 6.1)
 MAX_ALPHA = 10.0  # far beyond any useful penalty; ((5 + |Y|) / 6) ** alpha is finite
 
 
-def length_penalty(length: int | float | Tensor, alpha: float = 0.6) -> float | Tensor:
+def length_penalty(
+    length: int | float | Tensor, alpha: float = ALPHA
+) -> float | Tensor:
     """GNMT's length penalty ((5 + length) / 6) ** alpha (chapter 15; Wu et al. 2016).
 
     Beam search ranks a hypothesis by log P(Y | X) divided by it.
@@ -293,8 +307,8 @@ def _check_alpha(alpha: float) -> None:
     """A ValueError unless alpha is a finite number in [0, MAX_ALPHA] (chapter 15)."""
     if not is_number(alpha) or not 0 <= alpha <= MAX_ALPHA:
         raise ValueError(
-            f"alpha must be a finite number from 0 to {MAX_ALPHA:g} (the paper: 0.6; "
-            f"0: no penalty), got {alpha!r}."
+            f"alpha must be a finite number from 0 to {MAX_ALPHA:g} (the paper: "
+            f"{ALPHA}; 0: no penalty), got {alpha!r}."
         )
 
 
@@ -451,8 +465,8 @@ def _beam_search_loop(
 def beam_search(
     model: Transformer,
     src: Tensor,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int = BEAM_SIZE,
+    alpha: float = ALPHA,
     max_len: int | None = None,
     min_len: int = 0,
     n_best: int | None = None,
@@ -470,8 +484,8 @@ def beam_search(
         model, src, max_len, min_len, use_cache: as for greedy_search.
         beam_size: the hypotheses kept per sentence (the paper: 4); 1 is greedy
             search.
-        alpha: the length penalty's exponent in [0, MAX_ALPHA] (the paper: 0.6); 0
-            ranks by log P.
+        alpha: the length penalty's exponent in [0, MAX_ALPHA] (the paper's:
+            ALPHA); 0 ranks by log P.
         n_best: None returns the best hypothesis of each sentence; an int returns
             the n_best best, tokens [batch, n_best, length], best first.
 
@@ -592,19 +606,46 @@ def sample(
 DECODING_METHODS = ("beam", "greedy", "sample")
 
 
+@dataclass(frozen=True)
+class DecodingConfig:
+    """How translate decodes: the search and its settings (chapter 15)."""
+
+    method: str = setting("beam", "the search", choices=DECODING_METHODS, switches=True)
+    beam_size: int = setting(BEAM_SIZE, "beam: hypotheses kept", low=1, only="beam")
+    alpha: float = setting(ALPHA, "beam: the length penalty's exponent", only="beam")
+    temperature: float = setting(1.0, "sample: the temperature", only="sample")
+    top_k: int | None = setting(None, "sample: among the k likeliest", only="sample")
+    seed: int = setting(0, "sample: the random seed", low=0, only="sample")
+    max_len: int | None = setting(None, "most output tokens (none: input + 50)")
+    batch_size: int = setting(64, "sentences decoded at once", low=1)
+
+    def __post_init__(self) -> None:
+        check_settings(self)  # the searches check their own ranges
+
+
+def decoding_config(
+    config: DecodingConfig | None = None, **changes: Any
+) -> DecodingConfig:
+    """config (default: DecodingConfig()) with some fields changed (chapter 15)."""
+    config = DecodingConfig() if config is None else config
+    if not isinstance(config, DecodingConfig):
+        raise ValueError(f"config must be a DecodingConfig, got {config!r}.")
+    unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(config)})
+    if unknown:
+        names = [f.name for f in dataclasses.fields(config)]
+        raise ValueError(f"no decoding setting is called {unknown}; they are {names}.")
+    return dataclasses.replace(config, **changes)
+
+
 def translate(
     model: Transformer,
     tokenizer: Any,
     texts: Sequence[str],
-    method: str = "beam",
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    temperature: float = 1.0,
-    top_k: int | None = None,
+    config: DecodingConfig | None = None,
     generator: torch.Generator | None = None,
-    max_len: int | None = None,
-    batch_size: int = 64,
     on_batch: Callable[[list[str]], Any] | None = None,
+    on_too_long: Callable[[int, int], Any] | None = None,
+    **changes: Any,
 ) -> list[str]:
     """Decode texts with model and tokenizer, one output per input text (chapter 15).
 
@@ -613,40 +654,40 @@ def translate(
         tokenizer: encode(text) -> ids and decode(ids) -> text, e.g. chapter 11's
             SymbolTokenizer.
         texts: the inputs; an empty (or blank) text gives an empty output.
-        method: "beam" (beam_search with beam_size and alpha), "greedy"
-            (greedy_search) or "sample" (sample with temperature, top_k, generator).
-        max_len: as for greedy_search; None is the paper's input length + 50.
-        batch_size: sentences decoded at once.
+        config, changes: the DecodingConfig, with changes such as method="greedy".
+        generator: for sampling, instead of one seeded with config.seed.
         on_batch: called with the outputs in input order as each batch is done,
             those of the texts after the previous call's, e.g. to write them.
+        on_too_long: called with (index, tokens) of each text longer than the
+            positional table, whose output then stays empty; without it, any such
+            text stops translate before it decodes anything.
     """
-    texts = _check_translate(model, tokenizer, method, texts, batch_size)  # a list
+    c = decoding_config(config, **changes)
+    texts = _check_translate(model, tokenizer, texts)  # a list
     device = next(model.parameters()).device
+    if c.method == "sample" and generator is None:
+        generator = torch.Generator(device=device).manual_seed(c.seed)
     outputs = [""] * len(texts)
     todo = [(i, tokenizer.encode(text)) for i, text in enumerate(texts) if text.strip()]
     _warn_unknown(tokenizer, todo)
     too_long = too_long_inputs(model, todo)
-    if too_long:  # refused before any decoding, rather than failing in the middle
+    if too_long and on_too_long is None:  # refused before decoding, not midway
         limit = model.config.max_len
         raise ValueError(too_long_message(too_long, "texts[{}]", 0, limit))
+    for i, n in too_long:
+        on_too_long(i, n)
+    todo = [(i, ids) for i, ids in todo if len(ids) <= model.config.max_len]
     done = 0  # outputs handed to on_batch
-    for first in range(0, len(todo), batch_size):
-        chunk = todo[first : first + batch_size]
+    for first in range(0, len(todo), c.batch_size):
+        chunk = todo[first : first + c.batch_size]
         batch = [ids for _, ids in chunk]
         src = pad_sequences(batch, model.config.pad_id).to(device)  # [b, src_len]
-        if method == "beam":
-            result = beam_search(
-                model, src, beam_size=beam_size, alpha=alpha, max_len=max_len
-            )
-        elif method == "greedy":
-            result = greedy_search(model, src, max_len=max_len)
-        else:
-            result = sample(model, src, temperature, top_k, generator, max_len)
+        result = _search(model, src, c, generator)
         for (i, _), ids in zip(chunk, result.tokens.tolist()):
             outputs[i] = tokenizer.decode(ids)
         if on_batch is not None:  # up to the next text to decode, or to the end
-            more = first + batch_size < len(todo)
-            end = todo[first + batch_size][0] if more else len(outputs)
+            more = first + c.batch_size < len(todo)
+            end = todo[first + c.batch_size][0] if more else len(outputs)
             on_batch(outputs[done:end])
             done = end
     if on_batch is not None and done < len(outputs):  # no text to decode at all
@@ -654,17 +695,24 @@ def translate(
     return outputs
 
 
-def _check_translate(
-    model: Transformer, tokenizer: Any, method: str, texts: Any, batch_size: int
-) -> list[str]:
+def _search(
+    model: Transformer, src: Tensor, c: DecodingConfig, generator: Any
+) -> DecodeResult:
+    """One batch decoded by the search that c names."""
+    if c.method == "beam":
+        return beam_search(model, src, c.beam_size, c.alpha, max_len=c.max_len)
+    if c.method == "greedy":
+        return greedy_search(model, src, max_len=c.max_len)
+    return sample(model, src, c.temperature, c.top_k, generator, c.max_len)
+
+
+def _check_translate(model: Transformer, tokenizer: Any, texts: Any) -> list[str]:
     """The texts as a list, or a ValueError naming what translate cannot use."""
     if not isinstance(model, Transformer):
         raise ValueError(
             "translate(model, tokenizer, texts, ...) takes a Transformer first, got "
             f"{type(model).__name__}; are the arguments in another order?"
         )
-    if method not in DECODING_METHODS:
-        raise ValueError(f"method must be one of {DECODING_METHODS}, got {method!r}.")
     if isinstance(texts, str) or not isinstance(texts, Iterable):
         raise ValueError(
             f"texts must be a list of strings, got {texts!r}; for one text pass [text]."
@@ -678,7 +726,6 @@ def _check_translate(
             f"translate needs a tokenizer with encode and decode (chapter 11), got "
             f"{tokenizer!r}; a checkpoint written by Transformer.save holds none."
         )
-    _check_int("batch_size", batch_size, 1, "the number of sentences decoded at once.")
     broken = nonfinite_weights(model)
     if broken:
         raise ValueError(

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from aiayn.decoder import Decoder, DecoderCache
 from aiayn.embedding import PredictionHead, TokenEmbedding, tie_weights
 from aiayn.encoder import Encoder
-from aiayn.masks import causal_mask, is_int, is_number, padding_mask, target_mask
+from aiayn.masks import causal_mask, is_int, padding_mask, target_mask
 from aiayn.multi_head import MultiHeadAttention
 from aiayn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from aiayn.sublayers import ACTIVATIONS, PositionwiseFeedForward
@@ -41,13 +41,17 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "atomic_file",
+    "check_settings",
     "checkpoint_dict",
     "content_hash",
+    "describe",
     "eval_mode",
+    "fits",
     "init_weights",
     "load_state_dict_checked",
     "nonfinite_weights",
     "read_checkpoint",
+    "setting",
     "sha256_file",
     "show_error",
     "write_checkpoint",
@@ -55,64 +59,109 @@ __all__ = [
 
 
 # Chapter 9, "The configuration"
+def setting(default: Any = dataclasses.MISSING, help: str = "", **rules: Any) -> Any:
+    """A dataclass field with its help and rules, for checks and flags (chapter 9).
+
+    rules: choices (a tuple), low (the least value), above, below (exclusive
+    bounds), and what the command line needs: off (the help of --no-FLAG for a
+    switch that is on by default), flag=False (no flag).
+    """
+    return dataclasses.field(default=default, metadata={"help": help, **rules})
+
+
+def check_settings(config: Any) -> None:
+    """A ValueError naming the first field outside its type or rules (chapter 9)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if not fits(f, value):
+            raise ValueError(f"{f.name} must be {describe(f)}, got {value!r}.")
+
+
+def fits(f: dataclasses.Field, value: Any) -> bool:
+    """Whether value may be the field's: of its type, or None, and within its rules."""
+    kind, rules = str(f.type).split(" |")[0], f.metadata
+    if value is None:
+        return "None" in str(f.type)
+    types = {"bool": bool, "str": str, "int": int, "float": (int, float)}
+    wrong_type = not isinstance(value, types[kind])
+    if wrong_type or (kind != "bool" and isinstance(value, bool)) or value != value:
+        return False  # value != value: NaN
+    return (
+        value in rules.get("choices", (value,))
+        and value >= rules.get("low", value)
+        and (value > rules["above"] if "above" in rules else True)
+        and (value < rules["below"] if "below" in rules else True)
+    )
+
+
+def describe(f: dataclasses.Field) -> str:
+    """What a field accepts, in words: "an int of at least 1", ... (chapter 9)."""
+    kind, rules = str(f.type).split(" |")[0], f.metadata
+    low, above = rules.get("low"), rules.get("above")
+    if kind == "bool" or "choices" in rules:
+        text = "True or False" if kind == "bool" else f"one of {rules['choices']}"
+    elif "below" in rules:
+        opening = f"[{low}" if low is not None else f"({above}"
+        text = f"a number in {opening}, {rules['below']})"
+    elif above == 0:
+        text = "a positive number"
+    else:
+        text = {"int": "an int", "float": "a number", "str": "a string"}[kind]
+        text += f" of at least {low}" if low is not None else ""
+    return text + (", or None" if "None" in str(f.type) else "")
+
+
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "table")
 
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Every size and choice of the Transformer (chapter 9; paper, Table 3).
+    """Every size and choice of the Transformer (chapter 9; paper, Table 3)."""
 
-    Args:
-        src_vocab_size, tgt_vocab_size: sizes of the two vocabularies.
-        d_model: width of every vector between the embeddings and the head (512).
-        n_heads: attention heads h of every attention layer (8); d_k = d_model / h.
-        n_encoder_layers, n_decoder_layers: the N of each stack (6 and 6).
-        d_ff: hidden width of the feed-forward networks (2048).
-        dropout: P_drop, used at every dropout site of chapters 4 and 6 (0.1).
-        activation: the feed-forward activation, "relu" (the paper), "gelu" or
-            "silu".
-        norm_first: False for post-norm (the paper), True for pre-norm.
-        final_norm: a LayerNorm after each stack; None means exactly when norm_first.
-        positional: "sinusoidal" (the paper), "learned" (its Table 3, row E) or
-            "table": a fixed table kept with the weights, which may replace the
-            sinusoids by another fixed table (chapter 19).
-        max_len: rows of the positional table: the longest sequence accepted.
-        share_embeddings: one matrix for the source and target embeddings; needs
-            one vocabulary for both (the paper's shared byte-pair vocabulary).
-        tie_output: the target embedding matrix is also the pre-softmax matrix.
-        scale_embeddings: embeddings times sqrt(d_model), as in the paper.
-        output_bias: a bias per token added to the logits; the paper has none.
-        pad_id, bos_id, eos_id: ids of the padding, start and end tokens; the
-            start may be the padding (chapter 19), never the end.
-        eps: the epsilon of every LayerNorm.
-    """
-
-    src_vocab_size: int
-    tgt_vocab_size: int
-    d_model: int = 512
-    n_heads: int = 8
-    n_encoder_layers: int = 6
-    n_decoder_layers: int = 6
-    d_ff: int = 2048
-    dropout: float = 0.1
-    activation: str = "relu"
-    norm_first: bool = False
-    final_norm: bool | None = None
-    positional: str = "sinusoidal"
-    max_len: int = 1024
-    share_embeddings: bool = True
-    tie_output: bool = True
-    scale_embeddings: bool = True
-    output_bias: bool = False
-    pad_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
-    eps: float = 1e-5
+    src_vocab_size: int = setting(help="the source vocabulary", low=1, flag=False)
+    tgt_vocab_size: int = setting(help="the target vocabulary", low=1, flag=False)
+    d_model: int = setting(
+        512, "width of the vectors between embeddings and head", low=1
+    )
+    n_heads: int = setting(8, "attention heads h, of d_model / h dimensions", low=1)
+    n_encoder_layers: int = setting(6, "the encoder's N", low=1)
+    n_decoder_layers: int = setting(6, "the decoder's N", low=1)
+    d_ff: int = setting(2048, "hidden width of the feed-forward networks", low=1)
+    dropout: float = setting(0.1, "P_drop at every dropout site", low=0, below=1)
+    activation: str = setting(
+        "relu", "the feed-forward activation", choices=tuple(sorted(ACTIVATIONS))
+    )
+    norm_first: bool = setting(False, "pre-norm instead of the paper's post-norm")
+    final_norm: bool | None = setting(
+        None, "LayerNorm after each stack (None: pre-norm)"
+    )
+    positional: str = setting(
+        "sinusoidal",
+        "the paper's sinusoids, learned rows (Table 3, row E), or a fixed table",
+        choices=POSITIONAL_ENCODINGS,
+    )
+    max_len: int = setting(
+        1024, "rows of the positional table, longest input", low=1, flag=False
+    )
+    share_embeddings: bool = setting(
+        True, "one matrix for both embeddings", off="one embedding matrix per side"
+    )
+    tie_output: bool = setting(
+        True, "the target embedding is the output matrix", off="an output matrix apart"
+    )
+    scale_embeddings: bool = setting(
+        True, "embeddings times sqrt(d_model)", off="embeddings as they are"
+    )
+    output_bias: bool = setting(False, "a bias per token on the logits")
+    pad_id: int = setting(0, "the padding id", low=0, flag=False)
+    bos_id: int = setting(1, "the start token's id", low=0, flag=False)
+    eos_id: int = setting(2, "the end token's id", low=0, flag=False)
+    eps: float = setting(1e-5, "the epsilon of every LayerNorm", above=0)
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot make a model, saying how to fix them."""
+        check_settings(self)  # each field against its rules
         _check_sizes(self)
-        _check_choices(self)
         _check_ids(self)
 
     @classmethod
@@ -191,20 +240,7 @@ MODEL_PRESETS = {  # (d_model, n_heads, layers of each stack, d_ff, dropout)
 
 
 def _check_sizes(c: TransformerConfig) -> None:
-    """Positive int sizes; d_model divisible by n_heads, and even for sinusoids."""
-    for name in (
-        "src_vocab_size",
-        "tgt_vocab_size",
-        "d_model",
-        "n_heads",
-        "n_encoder_layers",
-        "n_decoder_layers",
-        "d_ff",
-        "max_len",
-    ):
-        value = getattr(c, name)
-        if not is_int(value, 1):
-            raise ValueError(f"{name} must be an int of at least 1, got {value!r}.")
+    """d_model divisible by n_heads, and even for the sinusoidal encoding."""
     if c.d_model % c.n_heads != 0:
         divisors = [h for h in range(1, 33) if c.d_model % h == 0]
         raise ValueError(
@@ -212,36 +248,12 @@ def _check_sizes(c: TransformerConfig) -> None:
             "each head gets d_k = d_model / n_heads dimensions. "
             f"Pick n_heads from {divisors} or change d_model."
         )
-    if c.positional not in POSITIONAL_ENCODINGS:
-        raise ValueError(
-            f"positional must be one of {POSITIONAL_ENCODINGS}, got {c.positional!r}."
-        )
     if c.positional != "learned" and c.d_model % 2 != 0:
         raise ValueError(
             "the sinusoidal encoding needs an even d_model (a sine and a cosine "
             f"per frequency), got {c.d_model}; use an even d_model or "
             "positional='learned'."
         )
-
-
-def _check_choices(c: TransformerConfig) -> None:
-    """Dropout in [0, 1), a known activation, booleans, a positive epsilon."""
-    if not is_number(c.dropout) or not 0.0 <= c.dropout < 1.0:
-        raise ValueError(f"dropout must be a number in [0, 1), got {c.dropout!r}.")
-    if c.activation not in ACTIVATIONS:
-        raise ValueError(
-            f"activation must be one of {sorted(ACTIVATIONS)}, got {c.activation!r}."
-        )
-    bools = ("norm_first", "share_embeddings", "tie_output", "scale_embeddings")
-    for name in (*bools, "output_bias"):
-        if not isinstance(getattr(c, name), bool):
-            raise ValueError(f"{name} must be True or False, got {getattr(c, name)!r}.")
-    if c.final_norm is not None and not isinstance(c.final_norm, bool):
-        raise ValueError(
-            f"final_norm must be None, True or False, got {c.final_norm!r}."
-        )
-    if not is_number(c.eps) or not c.eps > 0:
-        raise ValueError(f"eps must be a positive number, got {c.eps!r}.")
 
 
 def _check_ids(c: TransformerConfig) -> None:

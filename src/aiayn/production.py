@@ -23,7 +23,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from aiayn.decoding import MAX_LEN_MARGIN, never_generated, too_long_message
+from aiayn.decoding import (
+    MAX_LEN_MARGIN,
+    DecodingConfig,
+    decoding_config,
+    never_generated,
+    too_long_message,
+)
 from aiayn.model import Transformer, TransformerConfig, sha256_file
 from aiayn.viz import token_strings
 
@@ -598,22 +604,22 @@ class CTranslate2Model:
         self.max_len = self.manifest.get("max_len")  # None: an earlier export
 
     def translate(
-        self,
-        texts: Sequence[str],
-        method: str = "beam",
-        beam_size: int = 4,
-        alpha: float = 0.6,
-        batch_size: int = 64,
+        self, texts: Sequence[str], config: DecodingConfig | None = None, **changes: Any
     ) -> list[str]:
-        """Translations of texts; CTranslate2 ranks beams by log P / length ** alpha."""
-        sources = self._sources(texts, method)
-        beams = 1 if method == "greedy" else beam_size
+        """Translations of texts, decoded as chapter 15's config (and changes) asks.
+
+        CTranslate2 ranks beams by log P / length ** alpha.
+        """
+        c = decoding_config(config, **changes)
+        sources = self._sources(texts, c.method)
+        beams = 1 if c.method == "greedy" else c.beam_size
         limit = max((len(s) for s in sources), default=0) + MAX_LEN_MARGIN
+        limit = limit if c.max_len is None else c.max_len
         results = self.translator.translate_batch(
             sources,
             beam_size=beams,
-            length_penalty=alpha if beams > 1 else 0.0,
-            max_batch_size=batch_size,
+            length_penalty=c.alpha if beams > 1 else 0.0,
+            max_batch_size=c.batch_size,
             max_input_length=0,  # no cut: _sources refused what the table cannot hold
             min_decoding_length=0,  # the end token may come first, as in chapter 15
             max_decoding_length=min(limit, self.max_len or limit),  # chapter 15's

@@ -16,7 +16,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +36,16 @@ from aiayn.batching import (
     pick_device,
 )
 from aiayn.embedding import check_token_ids
-from aiayn.masks import is_int, is_number
+from aiayn.masks import is_int
 from aiayn.model import (
     Transformer,
     TransformerConfig,
+    check_settings,
     checkpoint_dict,
     eval_mode,
     load_state_dict_checked,
     read_checkpoint,
+    setting,
     write_checkpoint,
 )
 from aiayn.optim import LabelSmoothingLoss, make_optimizer, make_scheduler
@@ -56,6 +58,8 @@ __all__ = [
     "Pairs",
     "RECIPE_FIELDS",
     "RunFolder",
+    "SYNTHETIC_TRAIN_CONFIG",
+    "SyntheticTask",
     "TASKS",
     "TRAINING_VERSION",
     "TrainConfig",
@@ -65,7 +69,6 @@ __all__ = [
     "autocast_dtype",
     "average_checkpoints",
     "check_same_run",
-    "check_train_config",
     "check_training_version",
     "clip_gradients",
     "count_tokens",
@@ -82,7 +85,6 @@ __all__ = [
     "recipe_differences",
     "recipe_parts",
     "saved_train_config",
-    "setting",
     "synthetic_pairs",
     "synthetic_tokenizer",
     "to_device",
@@ -323,14 +325,6 @@ def clip_gradients(params: Iterable[Tensor], max_norm: float | None) -> Tensor:
 
 
 # Chapter 13, "The configuration"
-def setting(default: Any, help: str, off: str | None = None) -> Any:
-    """A field of a configuration with the text that explains it (chapter 13).
-
-    off explains a switch that is on by default and turned off by a flag.
-    """
-    return field(default=default, metadata={"help": help, "off": off})
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train: length, schedule, loss, precision, logs, checkpoints (chapter 13).
@@ -338,30 +332,42 @@ class TrainConfig:
     Each field's help text also documents its flag of `python -m aiayn train`.
     """
 
-    steps: int = setting(1000, "optimizer updates; each reads accum_steps batches")
-    warmup: int = setting(4000, "warm-up steps of the schedule (chapter 12)")
-    factor: float = setting(1.0, "factor of the schedule (chapter 12)")
-    label_smoothing: float = setting(0.1, "eps_ls (the paper: 0.1)")
-    clip_norm: float | None = setting(
-        1.0, "largest gradient norm (None, or 0 on the command line: no clipping)"
+    steps: int = setting(
+        1000, "optimizer updates; each reads accum_steps batches", low=1
     )
-    accum_steps: int = setting(1, "batches whose gradients add up to one update")
-    amp: str = setting("auto", "autocast precision: auto, bf16, fp16 or off")
+    warmup: int = setting(4000, "warm-up steps (chapter 12)", low=1, recipe=True)
+    factor: float = setting(
+        1.0, "factor of the schedule (chapter 12)", above=0, below=math.inf, recipe=True
+    )
+    label_smoothing: float = setting(
+        0.1, "eps_ls (the paper: 0.1)", low=0, below=1, recipe=True
+    )
+    clip_norm: float | None = setting(
+        1.0, "largest gradient norm (none: no clipping)", above=0, recipe=True
+    )
+    accum_steps: int = setting(
+        1, "batches whose gradients add up to one update", low=1, recipe=True
+    )
+    amp: str = setting("auto", "autocast precision", choices=AMP_MODES, recipe=True)
     compile: bool = setting(False, "run the model through torch.compile")
-    eval_every: int = setting(0, "validate every N steps (0: only at the end)")
-    log_every: int = setting(100, "log every N steps (0: only at the end)")
-    checkpoint_every: int = setting(0, "checkpoint every N steps (0: at the end)")
+    eval_every: int = setting(0, "validate every N steps (0: at the end)", low=0)
+    log_every: int = setting(100, "log every N steps (0: at the end)", low=0)
+    checkpoint_every: int = setting(
+        0, "checkpoint every N steps (0: at the end)", low=0
+    )
     checkpoint_dir: str | None = setting(
         None, "the run's folder: last.pt, snapshots, metrics.jsonl"
     )
-    keep_checkpoints: int = setting(0, "snapshots kept for averaging (the paper: 5)")
+    keep_checkpoints: int = setting(0, "snapshots kept (the paper averages 5)", low=0)
     overwrite: bool = setting(False, "start over in a folder that holds another run")
-    seed: int = setting(0, "seed of dropout; --seed also seeds the weights and data")
+    seed: int = setting(
+        0, "seed of dropout; --seed also seeds weights and data", low=0, recipe=True
+    )
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
     progress: bool = setting(True, "show a progress bar", off="no progress bar")
 
     def __post_init__(self) -> None:
-        check_train_config(self)  # below: refuses settings that cannot train
+        check_settings(self)  # chapter 9: each field against its rules
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain values, for a checkpoint."""
@@ -376,51 +382,9 @@ class TrainConfig:
         return cls(**data)
 
 
-# The fields a resumed run must share with its checkpoint: they change the updates.
-RECIPE_FIELDS = (
-    "warmup",
-    "factor",
-    "label_smoothing",
-    "clip_norm",
-    "accum_steps",
-    "amp",
-    "seed",
+RECIPE_FIELDS = tuple(  # what a resumed run must share with its checkpoint
+    f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("recipe")
 )
-
-
-def check_train_config(c: TrainConfig) -> None:
-    """Refuse a TrainConfig that cannot train, naming the field (chapter 13)."""
-    for name, low in (
-        ("steps", 1),
-        ("warmup", 1),
-        ("accum_steps", 1),
-        ("eval_every", 0),
-        ("log_every", 0),
-        ("checkpoint_every", 0),
-        ("keep_checkpoints", 0),
-        ("seed", 0),
-    ):
-        value = getattr(c, name)
-        if not is_int(value, low):
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}.")
-    if not is_number(c.factor) or not 0 < c.factor < math.inf:
-        raise ValueError(f"factor must be a positive number, got {c.factor!r}.")
-    if (
-        not isinstance(c.label_smoothing, (int, float))
-        or not 0 <= c.label_smoothing < 1
-    ):
-        raise ValueError(
-            f"label_smoothing must be in [0, 1), got {c.label_smoothing!r}."
-        )
-    if c.clip_norm is not None and (
-        not isinstance(c.clip_norm, (int, float)) or not c.clip_norm > 0
-    ):
-        raise ValueError(
-            "clip_norm must be a positive number or None (no clipping), got "
-            f"{c.clip_norm!r}."
-        )
-    if c.amp not in AMP_MODES:
-        raise ValueError(f"amp must be one of {AMP_MODES}, got {c.amp!r}.")
 
 
 # Chapter 13, "The trainer"
@@ -1042,6 +1006,33 @@ def differences(
         for n in names
         if saved.get(n) != current.get(n)
     ]
+
+
+# Chapter 13, "Learning to copy"
+@dataclass(frozen=True)
+class SyntheticTask:
+    """The data of the synthetic runs of chapter 13 and chapter 20's presets."""
+
+    n_symbols: int = setting(10, "symbols of the task", low=1)
+    max_len: int = setting(10, "the longest string", low=1)
+    train_size: int = setting(20_000, "training pairs (Multi30k: the first N)", low=1)
+    valid_size: int = setting(500, "validation pairs", low=1)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+
+SYNTHETIC_TRAIN_CONFIG = TrainConfig(
+    steps=400,
+    warmup=100,
+    factor=0.5,
+    label_smoothing=0.1,
+    clip_norm=1.0,
+    eval_every=40,
+    log_every=40,
+    checkpoint_every=40,
+    keep_checkpoints=5,
+)
 
 
 # Chapter 13, "Averaging checkpoints"
