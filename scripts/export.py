@@ -330,7 +330,7 @@ def command_summary(c: Chapter, func: str) -> str:
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name == func:
                 line = (ast.get_docstring(node) or "").splitlines()[0] if ast.get_docstring(node) else ""
-                line = re.sub(r"\s*\(chapter \d+\)\.?$", "", line.split(": ", 1)[-1])
+                line = re.sub(r"\s*\((chapter|ch\.) \d+\)\.?$", "", line.split(": ", 1)[-1])
                 if line:
                     return line
     raise ExportError(f"{c.rel}: the command function {func} needs a docstring that says what it does")

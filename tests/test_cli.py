@@ -8,6 +8,7 @@ no file is lost, no score is silently wrong, and a mistake is one line that says
 from __future__ import annotations
 
 import errno
+import re
 import json
 import os
 import signal
@@ -312,7 +313,8 @@ def test_threads_must_be_a_whole_number_of_at_least_one(threads, capsys):
         with pytest.raises(SystemExit) as stopped:
             main(["--pretrained", "multi30k-de-en", "--threads", threads, *extra])
         assert stopped.value.code == 2
-        assert f"argument --threads: must be a whole number >= 1, got '{threads}'" in capsys.readouterr().err
+        said = f"argument --threads: must be an int of at least 1, or none, got '{threads}'"
+        assert said in capsys.readouterr().err
 
 
 def test_warnings_reach_a_user_as_one_line():
@@ -347,3 +349,98 @@ def test_errno_of_the_export_failure_is_kept_for_callers(tmp_path):
         with export_folder(tmp_path / "x", {}) as staging:
             raise OSError(errno.ENOSPC, "No space left on device", str(staging / "model.bin"))
     assert failed.value.__cause__.errno == errno.ENOSPC and not (tmp_path / "x").exists()
+
+
+# --- the command line a newcomer meets -------------------------------------------------------
+
+def test_the_package_and_its_help_import_no_torch_and_production_no_charts():
+    code = ("import sys, aiayn, aiayn.__main__\n"
+            "assert 'torch' not in sys.modules, 'torch'\n"
+            "import aiayn.production, aiayn.cli\n"
+            "assert 'aiayn.viz' not in sys.modules, 'viz'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
+    assert done.returncode == 0, done.stderr
+    helped = subprocess.run([sys.executable, "-X", "importtime", "-m", "aiayn", "--help"],
+                            capture_output=True, text=True, timeout=HANG_S)
+    assert helped.returncode == 0 and "torch" not in helped.stderr  # -X importtime lists every import
+    lines = helped.stdout.splitlines()
+    assert lines[1:5] == [
+        "  train      train a preset and write its checkpoints (chapter 20)",
+        "  translate  translate texts with a model (chapter 20)",
+        "  bleu       score a model with sacreBLEU on a split (chapter 20)",
+        "  export     write a model for CTranslate2 (chapter 20)",
+    ]
+
+
+def test_version_and_a_mistyped_command_are_one_line():
+    from importlib.metadata import version
+
+    assert aiayn("--version").stdout == f"aiayn {version('aiayn')}\n"
+    typo = aiayn("tranlsate", "Ein Hund.")
+    assert typo.returncode == 2 and typo.stderr.count("\n") == 1
+    assert "unknown command 'tranlsate' (did you mean translate?)" in typo.stderr
+
+
+def test_a_usage_mistake_is_one_line_with_a_hint():
+    """At 22e25ab a mistake printed 4 to 18 lines of usage first."""
+    for args, said in (
+        (["--pretrained", "multi30k-de-en", "--beamsize", "5", "x"], "(did you mean --beam-size?)"),
+        (["--pretrained", "multi30k-de-en", "--beam-size", "0", "x"],
+         "argument --beam-size: must be an int of at least 1, got '0'"),
+        (["--pretrained", "multi30k-de-en", "--greedy", "--sample", "x"], "not allowed with argument"),
+    ):
+        done = aiayn("translate", *args)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+        assert done.stderr.startswith("python -m aiayn translate: error: ")
+
+
+@pytest.mark.parametrize("flags", [["--greedy", "--beam-size", "5"], ["--sample", "--alpha", "1"],
+                                   ["--beam-size", "5", "--temperature", "0.5"]])
+def test_a_flag_of_another_method_is_refused_not_ignored(flags, capsys):
+    """At 22e25ab `--greedy --beam-size 5` ignored the beam size without a word."""
+    assert translate_main(["--pretrained", "multi30k-de-en", *flags, "Ein Hund."]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("error: --") and "would change nothing" in err
+
+
+def test_translate_reads_and_writes_files_and_refuses_a_lone_file_name(tmp_path, capsys):
+    """At 22e25ab `translate in.de` translated the file's name and exited 0."""
+    source = tmp_path / "in.de"
+    source.write_text("Ein Hund.\nZwei Katzen.\n", encoding="utf-8")
+    assert translate_main(["--pretrained", "multi30k-de-en", "--greedy", str(source)]) == 2
+    assert f"{source} is a file: translate its lines with --input {source}" in capsys.readouterr().err
+    out = tmp_path / "out.en"
+    assert translate_main(["--pretrained", "multi30k-de-en", "--greedy", "--input", str(source),
+                           "--output", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == "A dog.\nTwo cats.\n"
+    assert capsys.readouterr().out == ""  # nothing on standard output
+    missing = tmp_path / "no" / "out.en"
+    assert translate_main(["--pretrained", "multi30k-de-en", "--input", str(source),
+                           "--output", str(missing)]) == 2
+    assert "give --output a file in an existing, writable directory" in capsys.readouterr().err
+
+
+def test_every_flag_of_every_command_is_a_field():
+    """One declaration per setting: cli.py writes no flag by hand."""
+    import dataclasses
+
+    from aiayn.cli import (BleuOptions, ExportOptions, ModelOptions, Multi30kTask, TrainOptions,
+                           TranslateOptions, _bleu_parser, _export_parser, _train_parser,
+                           _translate_parser)
+    from aiayn.decoding import DecodingConfig
+    from aiayn.model import TransformerConfig
+    from aiayn.train import SyntheticTask, TrainConfig
+
+    classes = (BleuOptions, ExportOptions, ModelOptions, Multi30kTask, TrainOptions, TranslateOptions,
+               DecodingConfig, TransformerConfig, SyntheticTask, TrainConfig)
+    names = {f.name for cls in classes for f in dataclasses.fields(cls)}
+    for parser in (_train_parser(), _translate_parser(), _bleu_parser(), _export_parser()):
+        dests = {a.dest for a in parser._actions if a.dest != "help"}
+        assert dests <= names, dests - names
+    source = (ROOT / "src" / "aiayn" / "cli.py").read_text(encoding="utf-8")
+    assert source.count("add_argument(") <= 15 and "parse_known_args" not in source
+    assert "SUPPRESS" not in source
+    decimals = [line for name in ("cli", "decoding", "data", "production")
+                for line in (ROOT / "src" / "aiayn" / f"{name}.py").read_text().splitlines()
+                if re.search(r"\b0\.6\b", line)]
+    assert len(decimals) == 1 and "ALPHA" in decimals[0]  # the paper's alpha, declared once

@@ -33,7 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "export": (
         "aiayn.cli",
         "export_main",
-        "write a model for the CTranslate2 engine (ch. 20).",
+        "write a model for CTranslate2",
         "chapter 20",
     ),
 }

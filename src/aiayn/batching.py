@@ -38,6 +38,7 @@ __all__ = [
     "model_from_checkpoint",
     "pad_sequences",
     "pick_device",
+    "token_strings",
     "tokenizer_from_dict",
 ]
 
@@ -199,6 +200,21 @@ def _check_tokenizer_dict(d: Any) -> None:
             f"{sorted(TOKENIZER_CLASSES)}. A tokenizer class of your own rebuilds "
             f"its dict with its own from_dict: MyTokenizer.from_dict(d)."
         )
+
+
+def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """The vocabulary entry of each id, e.g. subword pieces (chapter 11).
+
+    Uses the tokenizer's id_to_token, or that of the Hugging Face tokenizer it
+    wraps (its .tokenizer, as in chapter 16's SubwordTokenizer), or its itos list
+    (this chapter's SymbolTokenizer); else it decodes each id on its own.
+    """
+    for source in (tokenizer, getattr(tokenizer, "tokenizer", None)):
+        if callable(getattr(source, "id_to_token", None)):
+            return [str(source.id_to_token(int(i))) for i in ids]
+    if isinstance(getattr(tokenizer, "itos", None), Sequence):
+        return [str(tokenizer.itos[int(i)]) for i in ids]
+    return [tokenizer.decode([int(i)]) for i in ids]
 
 
 def model_from_checkpoint(

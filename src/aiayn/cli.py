@@ -179,7 +179,8 @@ def _reader(f: dataclasses.Field) -> Callable[[str], Any]:
                     None if text == "none" else {"int": int, "float": float}[kind](text)
                 )
         if not fits(f, value):
-            raise argparse.ArgumentTypeError(f"must be {describe(f)}, got {text!r}")
+            must = describe(f, none="none")
+            raise argparse.ArgumentTypeError(f"must be {must}, got {text!r}")
         return value
 
     return read
@@ -1166,7 +1167,7 @@ def _export_parser() -> CommandParser:
 
 
 def export_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m aiayn export`: write a model for the CTranslate2 engine (ch. 20)."""
+    """`python -m aiayn export`: write a model for CTranslate2 (chapter 20)."""
     args = _export_parser().parse_args(argv)
     with _plain_warnings(), _exit_on_signals():
         try:

@@ -94,8 +94,11 @@ def fits(f: dataclasses.Field, value: Any) -> bool:
     )
 
 
-def describe(f: dataclasses.Field) -> str:
-    """What a field accepts, in words: "an int of at least 1", ... (chapter 9)."""
+def describe(f: dataclasses.Field, none: str = "None") -> str:
+    """What a field accepts, in words: "an int of at least 1", ... (chapter 9).
+
+    none: how to say None where it is allowed.
+    """
     kind, rules = str(f.type).split(" |")[0], f.metadata
     low, above = rules.get("low"), rules.get("above")
     if kind == "bool" or "choices" in rules:
@@ -108,7 +111,7 @@ def describe(f: dataclasses.Field) -> str:
     else:
         text = {"int": "an int", "float": "a number", "str": "a string"}[kind]
         text += f" of at least {low}" if low is not None else ""
-    return text + (", or None" if "None" in str(f.type) else "")
+    return text + (f", or {none}" if "None" in str(f.type) else "")
 
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "table")

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.batching import token_strings
 from aiayn.decoding import (
     MAX_LEN_MARGIN,
     DecodingConfig,
@@ -31,7 +32,6 @@ from aiayn.decoding import (
     too_long_message,
 )
 from aiayn.model import Transformer, TransformerConfig, sha256_file
-from aiayn.viz import token_strings
 
 __all__ = [
     "CT2_ACTIVATIONS",
@@ -305,7 +305,7 @@ CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH"}
 
 
 def vocabulary(tokenizer: Any, size: int) -> list[str]:
-    """The strings of ids 0 .. size - 1, by chapter 17's token_strings; all distinct."""
+    """The strings of ids 0 .. size - 1, by chapter 11's token_strings; all distinct."""
     tokens = token_strings(tokenizer, range(size))
     if len(set(tokens)) != size:
         raise ValueError(

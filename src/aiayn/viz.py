@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.batching import Batch, make_batch
+from aiayn.batching import Batch, make_batch, token_strings
 from aiayn.decoder import DecoderLayer
 from aiayn.decoding import greedy_search
 from aiayn.encoder import EncoderLayer
@@ -44,7 +44,6 @@ __all__ = [
     "sentence_attention",
     "statistics_chart",
     "statistics_rows",
-    "token_strings",
     "without_heads",
 ]
 
@@ -221,21 +220,6 @@ def attention_maps(
 
 
 # Chapter 17, "One sentence, every layer and head"
-def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """The vocabulary entry of each id, e.g. subword pieces, for labels (chapter 17).
-
-    Uses the tokenizer's id_to_token, or that of the Hugging Face tokenizer it
-    wraps (its .tokenizer, as in chapter 16's SubwordTokenizer), or its itos list
-    (chapter 11's SymbolTokenizer); else it decodes each id on its own.
-    """
-    for source in (tokenizer, getattr(tokenizer, "tokenizer", None)):
-        if callable(getattr(source, "id_to_token", None)):
-            return [str(source.id_to_token(int(i))) for i in ids]
-    if isinstance(getattr(tokenizer, "itos", None), Sequence):
-        return [str(tokenizer.itos[int(i)]) for i in ids]
-    return [tokenizer.decode([int(i)]) for i in ids]
-
-
 @dataclass
 class SentenceAttention:
     """One sentence pair's attention in every layer and head, with tokens (chapter 17).
