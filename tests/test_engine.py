@@ -74,9 +74,9 @@ def test_help_is_the_same_whatever_the_process_imported(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (["--device", "cuda:99"], "device 'cuda:99'"),
-    (["--steps", "0"], "steps must be an int >= 1, got 0"),
-    (["--warmup", "-3"], "warmup must be an int >= 1"),
     (["--resume", "nothing/last.pt"], "no checkpoint at nothing/last.pt"),
+    (["--preset", "sort"], "unknown preset 'sort'; the presets: copy"),
+    (["--preset", "multi30k-de-em"], "unknown preset 'multi30k-de-em' (did you mean multi30k-de-en?)"),
 ])
 def test_user_errors_are_one_line_and_exit_code_2(tmp_path, capsys, flags, message):
     assert main([*flags, "--checkpoint-dir", str(tmp_path / "run"), *SMALL]) == 2
@@ -84,12 +84,21 @@ def test_user_errors_are_one_line_and_exit_code_2(tmp_path, capsys, flags, messa
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("flags, message", [(["--amp", "fp8"], "invalid choice: 'fp8'"),
-                                            (["--preset", "sort"], "unknown preset 'sort'")])
+@pytest.mark.parametrize("flags, message", [
+    (["--amp", "fp8"], "argument --amp: must be one of ('auto', 'bf16', 'fp16', 'off'), got 'fp8'"),
+    (["--steps", "0"], "argument --steps: must be an int of at least 1, got '0'"),
+    (["--warmup", "-3"], "argument --warmup: must be an int of at least 1, got '-3'"),
+    (["--n-symbols", "12", "--preset", "multi30k-de-en"], None),
+])
 def test_flags_argparse_refuses_exit_with_code_2(capsys, flags, message):
+    if message is None:  # a flag of another preset: refused by the command, not argparse
+        assert main([*flags, "--device", "cpu"]) == 2
+        assert "--n-symbols is not a setting of the preset multi30k-de-en" in capsys.readouterr().err
+        return
     with pytest.raises(SystemExit) as exit_:
         main(flags)
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and err.count("\n") == 1
 
 
 def test_a_damaged_checkpoint_is_one_error_line(tmp_path, capsys):

@@ -84,7 +84,7 @@ def test_only_the_command_line_parses_arguments() -> None:
 
 def test_modules_are_imported_by_name_only_by_the_dispatcher_and_the_tokenizer_table() -> None:
     by_name = sorted(p.stem for p in SRC.glob("*.py") if calls_of(p, "import_module"))
-    assert by_name == ["__main__", "batching"]
+    assert by_name == ["__init__", "__main__", "batching"]  # __init__: lazy top-level names
 
 
 
