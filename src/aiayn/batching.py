@@ -11,8 +11,10 @@ from __future__ import annotations
 import importlib
 import operator
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,12 +34,14 @@ __all__ = [
     "SymbolTokenizer",
     "TOKENIZER_CLASSES",
     "TokenBatchSampler",
+    "cpu_has_bf16",
     "example_size",
     "load_checkpoint_model",
     "make_batch",
     "model_from_checkpoint",
     "pad_sequences",
     "pick_device",
+    "recipe_amp",
     "token_strings",
     "tokenizer_from_dict",
 ]
@@ -540,6 +544,31 @@ def _check_device(name: str, device: torch.device) -> None:
         )
     if device.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"device {name!r}: training runs on cpu, cuda or mps.")
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU has bfloat16 instructions (read on Linux only) (chapter 11).
+
+    AIAYN_CPU_BF16=0 or 1 overrides what the processor reports.
+    """
+    forced = os.environ.get("AIAYN_CPU_BF16")
+    if forced is not None:
+        if forced not in ("0", "1"):
+            raise ValueError(f"AIAYN_CPU_BF16 must be 0 or 1, got {forced!r}.")
+        return forced == "1"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
+
+def recipe_amp(device: torch.device) -> str:
+    """The precision to train in on device: "auto" on a GPU (chapter 11).
+
+    On a CPU, bf16 where it computes it natively, else off.
+    """
+    return "auto" if device.type != "cpu" else "bf16" if cpu_has_bf16() else "off"
 
 
 # Chapter 11, "Batches by tokens, not sentences"

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from aiayn.batching import model_from_checkpoint, pick_device
+from aiayn.batching import model_from_checkpoint, pick_device, recipe_amp
 from aiayn.data import (
     DATA_ENV,
     DIRECTIONS,
@@ -43,7 +43,6 @@ from aiayn.data import (
     load_multi30k,
     prepare_multi30k,
     pretrained_file,
-    recipe_amp,
 )
 from aiayn.decoding import DecodingConfig, decoding_config, translate
 from aiayn.engine import (

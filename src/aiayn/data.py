@@ -15,7 +15,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
 import shutil
 import tempfile
 import unicodedata
@@ -39,7 +38,7 @@ from tokenizers import (
 )
 from torch import Tensor
 
-from aiayn.batching import load_checkpoint_model, pick_device
+from aiayn.batching import load_checkpoint_model, pick_device, recipe_amp
 from aiayn.decoding import DecodingConfig, decoding_config, translate
 from aiayn.engine import RunTrainer
 from aiayn.masks import is_int
@@ -85,7 +84,6 @@ __all__ = [
     "cache_dir",
     "checkpoint_task",
     "corpus_bleu",
-    "cpu_has_bf16",
     "download_multi30k",
     "encode_text_pairs",
     "evaluate_bleu",
@@ -100,7 +98,6 @@ __all__ = [
     "pretrained_file",
     "pretrained_url",
     "read_lines",
-    "recipe_amp",
     "save_pretrained",
     "save_translation_model",
     "schedule",
@@ -674,31 +671,6 @@ def encode_text_pairs(
     sources = tokenizer.encode_batch([source for source, _ in pairs])
     targets = tokenizer.encode_batch([target for _, target in pairs])
     return list(zip(sources, targets))
-
-
-def cpu_has_bf16() -> bool:
-    """Whether the CPU has bfloat16 instructions (read on Linux only) (chapter 16).
-
-    AIAYN_CPU_BF16=0 or 1 overrides what the processor reports.
-    """
-    forced = os.environ.get("AIAYN_CPU_BF16")
-    if forced is not None:
-        if forced not in ("0", "1"):
-            raise ValueError(f"AIAYN_CPU_BF16 must be 0 or 1, got {forced!r}.")
-        return forced == "1"
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
-
-
-def recipe_amp(device: torch.device) -> str:
-    """The recipes' precision: "auto" on a GPU (bf16, or fp16 on a T4) (chapter 16).
-
-    On a CPU, bf16 where it computes it natively, else off.
-    """
-    return "auto" if device.type != "cpu" else "bf16" if cpu_has_bf16() else "off"
 
 
 def train_multi30k(

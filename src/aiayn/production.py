@@ -265,6 +265,17 @@ def load_huggingface(name: str | Path) -> tuple[Transformer, HuggingFaceTokenize
     What cannot be read is a ValueError of one line that says why.
     """
     hf = _transformers()
+    bars = hf.utils.logging.is_progress_bar_enabled()
+    hf.utils.logging.disable_progress_bar()  # no bar for a small model on disk
+    try:
+        return _load_huggingface(hf, name)
+    finally:
+        if bars:
+            hf.utils.logging.enable_progress_bar()
+
+
+def _load_huggingface(hf: Any, name: str | Path) -> tuple[Transformer, Any]:
+    """load_huggingface with transformers (hf) already imported."""
     classes = {"marian": hf.MarianMTModel, "fsmt": hf.FSMTForConditionalGeneration}
     try:
         config = hf.AutoConfig.from_pretrained(str(name))
@@ -284,12 +295,11 @@ def load_huggingface(name: str | Path) -> tuple[Transformer, HuggingFaceTokenize
         raise ValueError(f"cannot load {name}: {_first_line(err)}") from None
     try:
         tokenizer = hf.AutoTokenizer.from_pretrained(str(name))
-    except (OSError, TypeError, ValueError) as err:  # TypeError: a missing file
+    except (OSError, TypeError, ValueError):  # TypeError: a file is missing
         raise ValueError(
-            f"{name} holds no tokenizer that transformers can read "
-            f"({_first_line(err)}); a Marian model needs its source.spm, "
-            "target.spm and vocab.json, an FSMT model its vocab-src.json, "
-            "vocab-tgt.json and merges.txt."
+            f"{name} holds no tokenizer that transformers can read; a Marian model "
+            "needs its source.spm, target.spm and vocab.json, an FSMT model its "
+            "vocab-src.json, vocab-tgt.json and merges.txt."
         ) from None
     return from_huggingface(model), HuggingFaceTokenizer(tokenizer)
 
