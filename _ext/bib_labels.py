@@ -22,8 +22,8 @@ class SourceLabelStyle(AlphaLabelStyle):
     def format_labels(self, sorted_entries):
         for entry, label in zip(sorted_entries, super().format_labels(sorted_entries)):
             key = entry.key
-            if key.startswith(SOURCE_PREFIX) and key[len(SOURCE_PREFIX):].isdigit():
-                yield "Doc" + key[len(SOURCE_PREFIX):]
+            if key.startswith(SOURCE_PREFIX) and key[len(SOURCE_PREFIX) :].isdigit():
+                yield "Doc" + key[len(SOURCE_PREFIX) :]
             else:
                 yield label
 

@@ -47,11 +47,14 @@ def add_runtime_note(app, doctree) -> None:
     if not CHAPTER.search(docname):
         return
     note = nodes.note()
-    note += nodes.paragraph(text=runtime_note(notebook_metadata(Path(app.env.doc2path(docname)))))
+    path = Path(app.env.doc2path(docname))
+    note += nodes.paragraph(text=runtime_note(notebook_metadata(path)))
     section = next(iter(doctree.findall(nodes.section)), None)
     if section is None:
         return
-    title = next((i for i, n in enumerate(section.children) if isinstance(n, nodes.title)), -1)
+    title = next(
+        (i for i, n in enumerate(section.children) if isinstance(n, nodes.title)), -1
+    )
     section.insert(title + 1, note)
 
 

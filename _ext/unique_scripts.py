@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 def _key(script) -> tuple:
-    """What makes two script tags the same: the file (None and '' both mean inline) and attributes."""
+    """What makes two script tags the same: file ('' or None: inline) and attributes."""
     filename = getattr(script, "filename", script) or ""
     attributes = getattr(script, "attributes", {}) or {}
     return (str(filename), tuple(sorted((k, str(v)) for k, v in attributes.items())))
@@ -32,5 +32,6 @@ def drop_repeated_scripts(app, pagename, templatename, context, doctree) -> None
 
 
 def setup(app):
-    app.connect("html-page-context", drop_repeated_scripts, priority=100)  # early: the event stops at the first handler that returns a template
+    # early: the event stops at the first handler that returns a template
+    app.connect("html-page-context", drop_repeated_scripts, priority=100)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -87,21 +87,26 @@ mjx-container[display="true"] { overflow: visible !important; }
 # Waits for MathJax and the charts, marks each chapter's section (to start a page), and
 # puts a title page and the table of contents first; returns what it found.
 PREPARE = """async (meta) => {
-  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    await MathJax.startup.promise;
+  }
   const charts = [...document.querySelectorAll('div[id^="altair-viz-"]')];
   const drawn = (c) => c.querySelector('svg, canvas') !== null;
   const deadline = Date.now() + 60000;
-  while (charts.some((c) => !drawn(c) && !c.querySelector('.error')) && Date.now() < deadline) {
+  const waiting = () => charts.some((c) => !drawn(c) && !c.querySelector('.error'));
+  while (waiting() && Date.now() < deadline) {
     await new Promise((r) => setTimeout(r, 100));
   }
   const math = [...document.querySelectorAll('span.math, div.math')];
   const article = document.querySelector('article.bd-article') || document.body;
   const plain = (t) => t.replace(/[\u2018\u2019]/g, "'").replace(/#$/, '').trim();
   const title = (s) => plain(s.querySelector(':scope > h2').innerText);
+  const heading3 = (s) => s.querySelector(':scope > h3');
   let chapters = [];
   const findChapters = () => {
     chapters = [...article.querySelectorAll('section')].filter((s) =>
-      s.querySelector(':scope > h2') !== null && s.parentElement.closest('section') !== null);
+      s.querySelector(':scope > h2') !== null
+      && s.parentElement.closest('section') !== null);
   };
   findChapters();
   // The exercises' solutions move to an appendix, each opened, with a link both ways.
@@ -113,7 +118,7 @@ PREPARE = """async (meta) => {
   for (const chapter of chapters) {
     const number = (meta.numbers[title(chapter)] || '') + '';
     const section = [...chapter.querySelectorAll(':scope > section')]
-      .find((s) => s.querySelector(':scope > h3') && plain(s.querySelector(':scope > h3').innerText) === 'Exercises');
+      .find((s) => heading3(s) && plain(heading3(s).innerText) === 'Exercises');
     if (!section || !number) continue;
     const heading = document.createElement('h3');
     heading.textContent = number + '. ' + title(chapter);
@@ -121,7 +126,8 @@ PREPARE = """async (meta) => {
     let current = null;
     for (const node of [...section.children]) {
       const opening = node.tagName === 'P' && node.querySelector(':scope > strong');
-      const m = opening && node.querySelector(':scope > strong').innerText.match(/^Exercise (\\d+)/);
+      const m = opening
+        && node.querySelector(':scope > strong').innerText.match(/^Exercise (\\d+)/);
       if (m) {
         exercises += 1;
         const id = 'solution-' + number + '-' + m[1];
@@ -164,7 +170,9 @@ PREPARE = """async (meta) => {
       const section = byTitle.get(chapter.title);
       if (!section) { missing.push(chapter.title); continue; }
       section.classList.add('book-chapter');
-      if (!section.id) section.id = 'book-chapter-' + article.querySelectorAll('.book-chapter').length;
+      if (!section.id) {
+        section.id = 'book-chapter-' + article.querySelectorAll('.book-chapter').length;
+      }
       const item = document.createElement('li');
       const link = document.createElement('a');
       link.href = '#' + section.id;
@@ -176,7 +184,8 @@ PREPARE = """async (meta) => {
   }
   article.prepend(cover, nav);
   // The theme's own contents box of the root page lists only the first page's sections.
-  document.querySelectorAll('#jb-print-toc, .bd-toc, .onlyprint').forEach((e) => e.remove());
+  const printToc = document.querySelectorAll('#jb-print-toc, .bd-toc, .onlyprint');
+  printToc.forEach((e) => e.remove());
   return {
     math: math.length,
     untypeset: math.filter((m) => m.querySelector('mjx-container') === null).length,
@@ -214,7 +223,9 @@ def book_contents() -> dict:
         parts.append({"caption": part["caption"], "chapters": pages})
     # The PDF's own last appendix: the solutions, moved out of the chapters.
     parts[-1]["chapters"].append({"title": SOLUTIONS, "number": None})
-    numbers = {c["title"]: c["number"] for p in parts for c in p["chapters"] if c["number"]}
+    numbers = {
+        c["title"]: c["number"] for p in parts for c in p["chapters"] if c["number"]
+    }
     return {
         "title": config["title"],
         "author": config["author"],
@@ -280,7 +291,7 @@ def print_pdf(chromium: str | None, contents: dict) -> dict:
 
 
 def normalized(text: str) -> str:
-    """Text with every run of whitespace (line and page breaks) one space, quotes plain."""
+    """Text with each run of whitespace (line, page breaks) one space, quotes plain."""
     text = text.replace("\u2019", "'").replace("\u2018", "'").replace("\u00ad", "")
     return re.sub(r"\s+", " ", text)
 
@@ -288,7 +299,8 @@ def normalized(text: str) -> str:
 def bookmarks(reader: PdfReader) -> dict[str, int]:
     """Each bookmark's title, and the page it opens (the first such bookmark).
 
-    Titles are keyed without spaces: Chromium joins a heading's wrapped lines without one.
+    Titles are keyed without spaces, since Chromium joins a heading's wrapped lines
+    without one.
     """
     found: dict[str, int] = {}
     stack = list(reader.outline)
@@ -333,8 +345,12 @@ def check_pdf(contents: dict, path: Path = PDF) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-build", action="store_true", help="reuse _build/singlehtml")
-    parser.add_argument("--check-only", action="store_true", help="check _build/book.pdf")
+    parser.add_argument(
+        "--no-build", action="store_true", help="reuse _build/singlehtml"
+    )
+    parser.add_argument(
+        "--check-only", action="store_true", help="check _build/book.pdf"
+    )
     parser.add_argument(
         "--chromium",
         default=shutil.which("chromium") or shutil.which("chromium-browser"),
@@ -348,7 +364,9 @@ def main() -> int:
         if not args.no_build:
             build_single_page()
         if not (SINGLE / SOURCE).exists():
-            raise SystemExit(f"{SINGLE / SOURCE} is missing: build it (drop --no-build)")
+            raise SystemExit(
+                f"{SINGLE / SOURCE} is missing: build it (drop --no-build)"
+            )
         found = print_pdf(args.chromium, contents)
         problems = []
         if found["untypeset"] or found["mathErrors"]:

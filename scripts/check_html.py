@@ -4,10 +4,11 @@
 Serves `_build/html` on 127.0.0.1, opens every page of the table of contents in
 Debian's Chromium (driven by Playwright) and fails unless:
 
-- no request leaves the machine (every request is recorded; any to another host fails the check);
+- no request leaves the machine (every request is recorded; any to another host fails
+  the check);
 - no page raises a JavaScript error;
-- every formula of every page has been typeset by MathJax (an `mjx-container` inside it);
-- on the pages that have altair charts, every chart has drawn (an SVG or canvas inside it);
+- every formula of every page has been typeset by MathJax (holds an `mjx-container`);
+- on the pages that have altair charts, every chart has drawn (holds an SVG or canvas);
 - every chapter page has a Colab launch link to its own notebook in the repository,
   and under its title one note saying which Colab runtime to choose: a GPU exactly
   when its notebook's metadata asks Colab for one (_ext/colab_runtime.py);
@@ -21,7 +22,8 @@ Debian's Chromium (driven by Playwright) and fails unless:
 - on a 400-pixel-wide phone screen, the pages with the most math (PHONE_PAGES) do not
   scroll sideways as a whole.
 
-    python scripts/check_html.py [--html _build/html] [--chromium /usr/bin/chromium] [--screenshots DIR]
+    python scripts/check_html.py [--html _build/html] [--chromium /usr/bin/chromium]
+        [--screenshots DIR]
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 def serve(directory: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
-    """Serve a folder on a free port of 127.0.0.1; return the server and its base URL."""
+    """Serve a folder on a free port of 127.0.0.1; return the server and base URL."""
     handler = functools.partial(QuietHandler, directory=str(directory))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -85,14 +87,22 @@ def serve(directory: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
 
 
 CHECK_PAGE = """async () => {
-  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    await MathJax.startup.promise;
+  }
   const charts = [...document.querySelectorAll('div[id^="altair-viz-"]')];
   const deadline = Date.now() + 20000;
   const drawn = (c) => c.querySelector('svg, canvas') !== null;
-  while (charts.some((c) => !drawn(c) && !c.querySelector('.error')) && Date.now() < deadline) {
+  const waiting = () => charts.some((c) => !drawn(c) && !c.querySelector('.error'));
+  while (waiting() && Date.now() < deadline) {
     await new Promise((r) => setTimeout(r, 100));
   }
   const math = [...document.querySelectorAll('span.math, div.math')];
+  const all = (selector) => [...document.querySelectorAll(selector)];
+  const longest = (text) =>
+    text.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '');
+  const captioned = (img) => img.closest('figure') !== null
+    && img.closest('figure').querySelector('figcaption') !== null;
   return {
     math: math.length,
     untypeset: math.filter((m) => m.querySelector('mjx-container') === null).length,
@@ -100,29 +110,28 @@ CHECK_PAGE = """async () => {
     mathErrors: document.querySelectorAll('mjx-merror').length,
     charts: charts.length,
     drawn: charts.filter(drawn).length,
-    chartErrors: charts.map((c) => c.querySelector('.error')).filter((e) => e).map((e) => e.innerText),
-    colab: [...new Set([...document.querySelectorAll('a[href^="https://colab.research.google.com/"]')]
+    chartErrors: charts.map((c) => c.querySelector('.error')).filter((e) => e)
+      .map((e) => e.innerText),
+    colab: [...new Set(all('a[href^="https://colab.research.google.com/"]')
       .map((a) => a.href))],
-    sideways: [...document.querySelectorAll(
-      'div.cell_input pre, div.cell_output pre, div.highlight pre, div.cell_output .vega-embed')]
+    sideways: all('div.cell_input pre, div.cell_output pre, div.highlight pre, '
+                  + 'div.cell_output .vega-embed')
       .filter((e) => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
-      .map((e) => (e.innerText || '').split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '')
-        .slice(0, 70)),
-    uncaptioned: [...document.querySelectorAll('div.cell_output img')]
-      .filter((img) => img.closest('figure') === null || img.closest('figure').querySelector('figcaption') === null)
-      .length,
-    exercises: [...document.querySelectorAll('section#exercises p > strong')]
+      .map((e) => longest(e.innerText || '').slice(0, 70)),
+    uncaptioned: all('div.cell_output img').filter((img) => !captioned(img)).length,
+    exercises: all('section#exercises p > strong')
       .filter((s) => /^Exercise \\d+ /.test(s.innerText)).length,
-    solutions: [...document.querySelectorAll('section#exercises div.cell.tag_hide-cell')]
+    solutions: all('section#exercises div.cell.tag_hide-cell')
       .map((c) => {
         const d = c.querySelector('details');
-        return d !== null && !d.open && d.querySelector('summary').innerText.trim() === 'Show the solution';
+        return d !== null && !d.open
+          && d.querySelector('summary').innerText.trim() === 'Show the solution';
       }),
-    tokenTags: [...document.querySelectorAll('article s, article pad, article unk')]
+    tokenTags: all('article s, article pad, article unk')
       .map((e) => e.tagName.toLowerCase() + ': ' + (e.textContent || '').slice(0, 50)),
-    searches: [...document.querySelectorAll('input[type="search"], input[name="q"]')]
+    searches: all('input[type="search"], input[name="q"]')
       .filter((e) => e.offsetParent !== null).length,
-    runtime: [...document.querySelectorAll('div.admonition p')].map((e) => e.innerText.trim())
+    runtime: all('div.admonition p').map((e) => e.innerText.trim())
       .filter((t) => t.startsWith('Colab runtime:')),
     altairUncaptioned: charts.filter((c) => {
       const cell = c.closest('div.cell');
@@ -132,16 +141,22 @@ CHECK_PAGE = """async () => {
   };
 }"""
 
-PAGE_WIDTH = "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+PAGE_WIDTH = (
+    "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+)
 
 
 def runtime_failures(name: str, notes: list[str]) -> list[str]:
     """What is wrong with a chapter's runtime note, given its notebook's metadata."""
-    metadata = json.loads((ROOT / f"{name}.ipynb").read_text(encoding="utf-8"))["metadata"]
+    notebook = json.loads((ROOT / f"{name}.ipynb").read_text(encoding="utf-8"))
     if len(notes) != 1:
         return [f"{name}: {len(notes)} 'Colab runtime' notes, expected one"]
-    if notes[0].startswith("Colab runtime: GPU") != (metadata.get("accelerator") == "GPU"):
-        return [f"{name}: the runtime note {notes[0]!r} disagrees with the notebook's metadata"]
+    wants_gpu = notebook["metadata"].get("accelerator") == "GPU"
+    if notes[0].startswith("Colab runtime: GPU") != wants_gpu:
+        return [
+            f"{name}: the runtime note {notes[0]!r} disagrees with the notebook's "
+            "metadata"
+        ]
     return []
 
 
@@ -155,7 +170,8 @@ def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
         context = browser.new_context(viewport=WIDE)
         outside: list[str] = []
 
-        def route(r) -> None:  # let local requests through, record and refuse every other
+        # let local requests through, record and refuse every other
+        def route(r) -> None:
             url = urlsplit(r.request.url)
             if url.scheme in ("data", "blob") or url.netloc == local_host:
                 r.continue_()
@@ -177,51 +193,78 @@ def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
             if "math" in needs and result["math"] == 0:
                 failures.append(f"{name}: no math on the page")
             if result["untypeset"]:
-                failures.append(f"{name}: {result['untypeset']} of {result['math']} formulas not typeset by MathJax")
+                failures.append(
+                    f"{name}: {result['untypeset']} of {result['math']} formulas "
+                    "not typeset by MathJax"
+                )
             if result["mathErrors"]:
                 failures.append(f"{name}: {result['mathErrors']} MathJax errors")
             if "chart" in needs and result["charts"] == 0:
                 failures.append(f"{name}: no altair chart on the page")
             if result["drawn"] < result["charts"]:
                 failures.append(
-                    f"{name}: {result['charts'] - result['drawn']} of {result['charts']} charts did not draw "
+                    f"{name}: {result['charts'] - result['drawn']} of "
+                    f"{result['charts']} charts did not draw "
                     f"{result['chartErrors']}"
                 )
-            if re.fullmatch(r"book/\d\d_\w+", name):  # a chapter: it opens in Colab from its notebook
+            # a chapter: it opens in Colab from its notebook
+            if re.fullmatch(r"book/\d\d_\w+", name):
                 colab = f"{COLAB}/github/{repository_path()}/blob/main/{name}.ipynb"
                 if result["colab"] != [colab]:
-                    failures.append(f"{name}: Colab launch link {result['colab']}, expected [{colab}]")
+                    failures.append(
+                        f"{name}: Colab launch link {result['colab']}, "
+                        f"expected [{colab}]"
+                    )
                 elif not (ROOT / f"{name}.ipynb").exists():
-                    failures.append(f"{name}: the Colab link points to {name}.ipynb, which does not exist")
+                    failures.append(
+                        f"{name}: the Colab link points to {name}.ipynb, "
+                        "which does not exist"
+                    )
                 else:
                     failures += runtime_failures(name, result["runtime"])
-                if result["exercises"] < 3 or len(result["solutions"]) < result["exercises"]:
+                if (
+                    result["exercises"] < 3
+                    or len(result["solutions"]) < result["exercises"]
+                ):
                     failures.append(
                         f"{name}: {result['exercises']} exercises, "
                         f"{len(result['solutions'])} solutions"
                     )
                 if not all(result["solutions"]):
-                    failures.append(f"{name}: a solution is not folded behind 'Show the solution'")
+                    failures.append(
+                        f"{name}: a solution is not folded behind 'Show the solution'"
+                    )
             if result["searches"] > 1:
                 failures.append(f"{name}: {result['searches']} search fields")
-            failures += [f"{name}: scrolls sideways at 1400 px: {line!r}" for line in result["sideways"]]
+            failures += [
+                f"{name}: scrolls sideways at 1400 px: {line!r}"
+                for line in result["sideways"]
+            ]
             if result["tokenTags"]:
                 failures.append(
                     f"{name}: token strings read as HTML tags (write them as code): "
                     f"{result['tokenTags'][:2]}"
                 )
             if result["uncaptioned"]:
-                failures.append(f"{name}: {result['uncaptioned']} figures without a caption")
+                failures.append(
+                    f"{name}: {result['uncaptioned']} figures without a caption"
+                )
             if result["altairUncaptioned"]:
-                failures.append(f"{name}: {result['altairUncaptioned']} charts not followed by a 'Figure.' caption")
+                failures.append(
+                    f"{name}: {result['altairUncaptioned']} charts not followed "
+                    "by a 'Figure.' caption"
+                )
             failures += [f"{name}: JavaScript error: {e}" for e in errors]
             print(
                 f"{name}: {result['typeset']} formulas typeset, "
-                f"{result['drawn']}/{result['charts']} charts drawn, {len(errors)} script errors"
+                f"{result['drawn']}/{result['charts']} charts drawn, "
+                f"{len(errors)} script errors"
             )
             if screenshots is not None:
                 screenshots.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(screenshots / f"{Path(name).name}.png"), full_page=False)
+                page.screenshot(
+                    path=str(screenshots / f"{Path(name).name}.png"), full_page=False
+                )
             page.close()
         phone = browser.new_context(viewport=PHONE)
         phone.route("**/*", route)
@@ -231,7 +274,10 @@ def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
             page.evaluate(CHECK_PAGE)  # waits for MathJax
             overflow = page.evaluate(PAGE_WIDTH)
             if overflow > 1:
-                failures.append(f"{name}: scrolls sideways by {overflow} px on a {PHONE['width']} px phone")
+                failures.append(
+                    f"{name}: scrolls sideways by {overflow} px "
+                    f"on a {PHONE['width']} px phone"
+                )
             page.close()
         browser.close()
     server.shutdown()
@@ -240,21 +286,37 @@ def check(html: Path, chromium: str, screenshots: Path | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--html", type=Path, default=ROOT / "_build" / "html")
-    parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
-    parser.add_argument("--screenshots", type=Path, help="save a screenshot of each page here")
+    parser.add_argument(
+        "--chromium", default=shutil.which("chromium") or "/usr/bin/chromium"
+    )
+    parser.add_argument(
+        "--screenshots", type=Path, help="save a screenshot of each page here"
+    )
     args = parser.parse_args(argv)
     if not (args.html / "index.html").exists():
-        print(f"error: no built book in {args.html}: run jupyter-book build . first", file=sys.stderr)
+        print(
+            f"error: no built book in {args.html}: run jupyter-book build . first",
+            file=sys.stderr,
+        )
         return 2
     if not Path(args.chromium).exists():
-        print(f"error: no Chromium at {args.chromium}: apt-get install chromium", file=sys.stderr)
+        print(
+            f"error: no Chromium at {args.chromium}: apt-get install chromium",
+            file=sys.stderr,
+        )
         return 2
     failures = check(args.html, args.chromium, args.screenshots)
     for f in failures:
         print(f"FAIL {f}")
-    print("browser check passed" if not failures else f"browser check failed ({len(failures)} problems)")
+    print(
+        "browser check passed"
+        if not failures
+        else f"browser check failed ({len(failures)} problems)"
+    )
     return 1 if failures else 0
 
 

@@ -59,7 +59,10 @@ def stable_outputs(nb: nbformat.NotebookNode) -> None:
             ids = sorted(set(ALTAIR_ID.findall(text)))
             for n, old in enumerate(ids):
                 body = text.replace(old, "")
-                new = "altair-viz-" + hashlib.sha1(f"{index}/{n}/{body}".encode()).hexdigest()[:32]
+                new = (
+                    "altair-viz-"
+                    + hashlib.sha1(f"{index}/{n}/{body}".encode()).hexdigest()[:32]
+                )
                 text = text.replace(old, new)
             output["data"]["text/html"] = text
 
@@ -94,8 +97,12 @@ def execute(md: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("chapters", nargs="*", type=Path, help="chapters to run (default: all)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "chapters", nargs="*", type=Path, help="chapters to run (default: all)"
+    )
     args = parser.parse_args(argv)
     if args.chapters:
         sources = [p.resolve().with_suffix(".md") for p in args.chapters]
@@ -103,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         sources = export.chapter_paths()
     for md in sources:
         if not md.exists():
-            print(f"error: {md} does not exist (chapters are book/NN_name.md)", file=sys.stderr)
+            print(
+                f"error: {md} does not exist (chapters are book/NN_name.md)",
+                file=sys.stderr,
+            )
             return 2
     try:  # the chapters import the package they (and earlier ones) export
         export.write()
@@ -115,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             seconds = execute(md)
         except CellExecutionError as err:
-            print(f"error: {rel} failed; its .ipynb was not written\n{err}", file=sys.stderr)
+            print(
+                f"error: {rel} failed; its .ipynb was not written\n{err}",
+                file=sys.stderr,
+            )
             return 1
         print(f"executed {rel} in {seconds:.1f} s")
     return 0

@@ -8,7 +8,8 @@ that module, under a header that names the chapter and says not to edit it.
 and the names that chapters lift to the top level (`reexport: [Transformer]` in
 the front matter makes `from aiayn import Transformer` work). `src/aiayn/__main__.py`
 dispatches `python -m aiayn COMMAND` to the functions that chapters declare
-(`commands: {train: main}` runs `aiayn.<module>.main(argv)` for `python -m aiayn train`).
+(`commands: {train: main}` runs `aiayn.<module>.main(argv)` for
+`python -m aiayn train`).
 
 The bookkeeping is generated, not written by hand: a chapter's first export cell
 holds its imports and nothing else; the module's `__all__` (every top-level name
@@ -35,7 +36,6 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,50 +105,78 @@ def read_chapter(path: Path) -> Chapter:
             cells.append(c.source.strip("\n"))
             sections.append(section)
     if module is not None and not MODULE_NAME.match(str(module)):
-        raise ExportError(f"{rel}: front matter 'module: {module}' must look like 'aiayn.name'")
+        raise ExportError(
+            f"{rel}: front matter 'module: {module}' must look like 'aiayn.name'"
+        )
     if cells and module is None:
         raise ExportError(
-            f"{rel}: has cells tagged '{EXPORT_TAG}' but no 'module: aiayn.<name>' in its front matter"
+            f"{rel}: has cells tagged '{EXPORT_TAG}' but no 'module: aiayn.<name>' "
+            "in its front matter"
         )
     if module is not None and not cells:
-        raise ExportError(f"{rel}: names module {module} but has no cell tagged '{EXPORT_TAG}'")
+        raise ExportError(
+            f"{rel}: names module {module} but has no cell tagged '{EXPORT_TAG}'"
+        )
     for source in cells:
         if MAGIC.search(source):
-            raise ExportError(f"{rel}: an '{EXPORT_TAG}' cell uses an IPython magic or shell escape:\n{source}")
+            raise ExportError(
+                f"{rel}: an '{EXPORT_TAG}' cell uses an IPython magic "
+                f"or shell escape:\n{source}"
+            )
     reexport = nb.metadata.get("reexport", [])
-    if not isinstance(reexport, list) or not all(isinstance(n, str) and IDENTIFIER.match(n) for n in reexport):
-        raise ExportError(f"{rel}: front matter 'reexport' must be a list of names, got {reexport!r}")
+    if not isinstance(reexport, list) or not all(
+        isinstance(n, str) and IDENTIFIER.match(n) for n in reexport
+    ):
+        raise ExportError(
+            f"{rel}: front matter 'reexport' must be a list of names, got {reexport!r}"
+        )
     commands = nb.metadata.get("commands", {})
     if not isinstance(commands, dict) or not all(
-        isinstance(k, str) and re.fullmatch(r"[a-z][a-z0-9-]*", k) and isinstance(v, str) and IDENTIFIER.match(v)
+        isinstance(k, str)
+        and re.fullmatch(r"[a-z][a-z0-9-]*", k)
+        and isinstance(v, str)
+        and IDENTIFIER.match(v)
         for k, v in commands.items()
     ):
-        raise ExportError(f"{rel}: front matter 'commands' must map command names to functions, got {commands!r}")
+        raise ExportError(
+            f"{rel}: front matter 'commands' must map command names to functions, "
+            f"got {commands!r}"
+        )
     if (reexport or commands) and module is None:
-        raise ExportError(f"{rel}: 'reexport' and 'commands' need a 'module: aiayn.<name>' to export from")
+        raise ExportError(
+            f"{rel}: 'reexport' and 'commands' need a 'module: aiayn.<name>' "
+            "to export from"
+        )
     code = "\n".join(cells)
     for name in [*reexport, *commands.values()]:
         if not re.search(rf"^(class|def) {name}\b|^{name}\s*[:=]", code, re.M):
-            raise ExportError(f"{rel}: front matter names {name}, which its '{EXPORT_TAG}' cells do not define")
+            raise ExportError(
+                f"{rel}: front matter names {name}, "
+                f"which its '{EXPORT_TAG}' cells do not define"
+            )
     if cells:
         check_bookkeeping(cells, rel)
     return Chapter(path, title, module, cells, sections, reexport, commands)
 
 
 def check_bookkeeping(cells: list[str], rel: str) -> None:
-    """The first export cell holds the imports, all of them; nothing writes `__all__`."""
+    """The first export cell holds all the imports; nothing writes `__all__`."""
     trees = []
     for k, source in enumerate(cells):
         try:
             trees.append(ast.parse(source))
         except SyntaxError as err:
-            raise ExportError(f"{rel}: export cell {k + 1} is not valid Python: {err}") from None
+            raise ExportError(
+                f"{rel}: export cell {k + 1} is not valid Python: {err}"
+            ) from None
     imports = (ast.Import, ast.ImportFrom)
     extra = [n for n in trees[0].body if not isinstance(n, imports)]
     if extra:
+        start = ast.unparse(extra[0]).splitlines()[0][:60]
         raise ExportError(
-            f"{rel}: the first '{EXPORT_TAG}' cell must hold the module's imports only; "
-            f"line {extra[0].lineno} ({ast.unparse(extra[0]).splitlines()[0][:60]}) belongs in a later cell"
+            f"{rel}: the first '{EXPORT_TAG}' cell must hold the module's "
+            "imports only; "
+            f"line {extra[0].lineno} ({start}) belongs in a later cell"
         )
     for k, tree in enumerate(trees[1:], start=2):
         for node in tree.body:
@@ -159,16 +187,19 @@ def check_bookkeeping(cells: list[str], rel: str) -> None:
                 )
             if "__all__" in assigned_names(node):
                 raise ExportError(
-                    f"{rel}: export cell {k} writes __all__, which scripts/export.py generates; remove it"
+                    f"{rel}: export cell {k} writes __all__, "
+                    "which scripts/export.py generates; remove it"
                 )
 
 
 def assigned_names(node: ast.stmt) -> list[str]:
-    """The names a top-level statement defines (def, class, or assignment to plain names)."""
+    """The names a top-level statement defines: def, class, assignment to a name."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [node.name]
-    targets = node.targets if isinstance(node, ast.Assign) else (
-        [node.target] if isinstance(node, ast.AnnAssign) else []
+    targets = (
+        node.targets
+        if isinstance(node, ast.Assign)
+        else ([node.target] if isinstance(node, ast.AnnAssign) else [])
     )
     names = []
     for target in targets:
@@ -184,7 +215,7 @@ def public_names(code: str) -> list[str]:
 
 
 def continues_a_class(node: ast.stmt) -> bool:
-    """Whether a top-level statement is `class Name(Name): ...`, which continues the class Name."""
+    """Whether a top-level statement is `class Name(Name): ...`, continuing a class."""
     if not isinstance(node, ast.ClassDef) or len(node.bases) != 1 or node.keywords:
         return False
     base = node.bases[0]
@@ -221,12 +252,17 @@ def merge_continued_classes(
         lines = source.splitlines()
         for node in continued:
             if node.decorator_list or ast.get_docstring(node) is not None:
-                raise ExportError(f"{rel}: the cell continuing class {node.name} may hold methods only, "
-                                  f"without decorators on the class or a docstring")
-            body = lines[node.lineno:node.end_lineno]
-            _append_to_class(merged, chunk_sections, node.name, body, rel, section, number)
+                raise ExportError(
+                    f"{rel}: the cell continuing class {node.name} "
+                    "may hold methods only, "
+                    f"without decorators on the class or a docstring"
+                )
+            body = lines[node.lineno : node.end_lineno]
+            _append_to_class(
+                merged, chunk_sections, node.name, body, rel, section, number
+            )
         for node in reversed(continued):
-            del lines[node.lineno - 1:node.end_lineno]
+            del lines[node.lineno - 1 : node.end_lineno]
         rest = re.sub(r"\n{4,}", "\n\n\n", "\n".join(lines)).strip("\n")
         if rest:
             if section is not None and section != last:
@@ -246,9 +282,13 @@ def _append_to_class(
     section: str | None = None,
     number: str = "0",
 ) -> None:
-    """Insert body (indented method lines) at the end of the last class `name` in chunks."""
+    """Insert body (indented method lines) at the end of the last class `name`."""
     for k in range(len(chunks) - 1, -1, -1):
-        classes = [n for n in ast.parse(chunks[k]).body if isinstance(n, ast.ClassDef) and n.name == name]
+        classes = [
+            n
+            for n in ast.parse(chunks[k]).body
+            if isinstance(n, ast.ClassDef) and n.name == name
+        ]
         if classes:
             lines = chunks[k].splitlines()
             end = classes[-1].end_lineno
@@ -258,24 +298,40 @@ def _append_to_class(
             chunks[k] = "\n".join(lines[:end] + [""] + body + lines[end:])
             chunk_sections[k] = section if section is not None else chunk_sections[k]
             return
-    raise ExportError(f"{rel}: a cell continues class {name}, which no earlier '{EXPORT_TAG}' cell "
-                      f"of the chapter defines")
+    raise ExportError(
+        f"{rel}: a cell continues class {name}, which no earlier '{EXPORT_TAG}' cell "
+        f"of the chapter defines"
+    )
 
 
 def module_text(chapter: Chapter) -> str:
     """The generated module of one chapter."""
     header = (
-        f"# Generated by scripts/export.py from {chapter.rel}, chapter {chapter.number}:\n"
+        f"# Generated by scripts/export.py from {chapter.rel}, "
+        f"chapter {chapter.number}:\n"
         f'# "{chapter.title}".\n'
         "# Do not edit: change the chapter, then run `python scripts/export.py`.\n"
     )
-    doc = f'"""{chapter.title}.\n\nChapter {int(chapter.number)} of the book, {chapter.rel}.\n"""\n'
+    doc = (
+        f'"""{chapter.title}.\n\n'
+        f'Chapter {int(chapter.number)} of the book, {chapter.rel}.\n"""\n'
+    )
     imports, *rest = chapter.cells
-    body = merge_continued_classes(rest, chapter.rel, chapter.sections[1:], chapter.number)
+    body = merge_continued_classes(
+        rest, chapter.rel, chapter.sections[1:], chapter.number
+    )
     names = public_names("\n\n".join([imports, *body]))
     listed = "".join(f'    "{name}",\n' for name in names)
     all_list = f"__all__ = [\n{listed}]" if names else "__all__: list[str] = []"
-    return header + doc + "\n" + "\n\n".join([imports, all_list]) + "\n\n\n" + "\n\n\n".join(body) + "\n"
+    return (
+        header
+        + doc
+        + "\n"
+        + "\n\n".join([imports, all_list])
+        + "\n\n\n"
+        + "\n\n\n".join(body)
+        + "\n"
+    )
 
 
 def init_text(chapters: list[Chapter]) -> str:
@@ -286,12 +342,15 @@ def init_text(chapters: list[Chapter]) -> str:
     """
     width = max((len(c.module) for c in chapters if c.module), default=0)
     rows = "\n".join(
-        f"    {c.module:<{width}}  chapter {c.number}, {c.rel}" for c in chapters if c.module
+        f"    {c.module:<{width}}  chapter {c.number}, {c.rel}"
+        for c in chapters
+        if c.module
     )
     lifted = [(c.module, name) for c in chapters for name in c.reexport]
     table = "".join(f'    "{name}": "{module}",\n' for module, name in lifted)
     top_level = (
-        "\n# the names that `from aiayn import NAME` offers -> the module that defines them\n"
+        "\n# the names that `from aiayn import NAME` offers "
+        "-> the module that defines them\n"
         f"_LIFTED = {{\n{table}}}\n__all__ = sorted(_LIFTED)\n\n\n"
         "def __getattr__(name: str) -> Any:\n"
         '    """A lifted name, from its module, imported on first use."""\n'
@@ -303,7 +362,8 @@ def init_text(chapters: list[Chapter]) -> str:
     )
     return (
         "# Generated by scripts/export.py. Do not edit.\n"
-        '"""aiayn: the Transformer of "Attention Is All You Need", from a literate, tested book.\n'
+        '"""aiayn: the Transformer of "Attention Is All You Need", '
+        "from a literate, tested book.\n"
         "\n"
         "Each module is the code of one chapter:\n"
         "\n"
@@ -318,26 +378,31 @@ def init_text(chapters: list[Chapter]) -> str:
         "\n"
         "try:\n"
         '    __version__ = version("aiayn")\n'
-        "except PackageNotFoundError:  # imported from a source tree that is not installed\n"
-        '    __version__ = "0+unknown"\n'
-        + top_level
+        "except PackageNotFoundError:"
+        "  # imported from a source tree that is not installed\n"
+        '    __version__ = "0+unknown"\n' + top_level
     )
 
 
 def command_summary(c: Chapter, func: str) -> str:
-    """What a command does: the first line of its function's docstring, after the colon."""
+    """What a command does: its function's docstring's first line, after the colon."""
     for tree in (ast.parse(cell) for cell in c.cells):
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name == func:
-                line = (ast.get_docstring(node) or "").splitlines()[0] if ast.get_docstring(node) else ""
-                line = re.sub(r"\s*\((chapter|ch\.) \d+\)\.?$", "", line.split(": ", 1)[-1])
+                doc = ast.get_docstring(node)
+                line = doc.splitlines()[0] if doc else ""
+                line = re.sub(
+                    r"\s*\((chapter|ch\.) \d+\)\.?$", "", line.split(": ", 1)[-1]
+                )
                 if line:
                     return line
-    raise ExportError(f"{c.rel}: the command function {func} needs a docstring that says what it does")
+    raise ExportError(
+        f"{c.rel}: the command function {func} needs a docstring that says what it does"
+    )
 
 
 def book_url() -> str:
-    """The address of the hosted book, from pyproject.toml's [project.urls] Book = "..."."""
+    """The hosted book's address, from pyproject.toml's [project.urls] Book = "..."."""
     pyproject = ROOT / "pyproject.toml"
     text = pyproject.read_text(encoding="utf-8") if pyproject.exists() else ""
     match = re.search(r'^Book\s*=\s*"([^"]+)"', text, re.M)
@@ -357,7 +422,8 @@ def main_text(chapters: list[Chapter]) -> str:
     )
     return (
         "# Generated by scripts/export.py. Do not edit.\n"
-        '"""The command line: `python -m aiayn COMMAND [ARGS]`, one per chapter function."""\n'
+        '"""The command line: `python -m aiayn COMMAND [ARGS]`, '
+        'one per chapter function."""\n'
         "\n"
         "from __future__ import annotations\n"
         "\n"
@@ -374,17 +440,19 @@ def main_text(chapters: list[Chapter]) -> str:
         "\n"
         "\n"
         "def main(argv: list[str] | None = None) -> int:\n"
-        '    """Run `python -m aiayn COMMAND [ARGS]`: find the command, call its function."""\n'
+        '    """Run `python -m aiayn COMMAND [ARGS]`: '
+        'find the command, call its function."""\n'
         "    argv = sys.argv[1:] if argv is None else list(argv)\n"
         '    if not argv or argv[0] in ("-h", "--help"):\n'
         "        print(USAGE)\n"
         "        for name, (_, _, does, chapter) in COMMANDS.items():\n"
         '            print(f"  {name:10s} {does} ({chapter})")\n'
-        '        print(f"Flags of a command: python -m aiayn COMMAND --help. Book: {BOOK_URL}")\n'
+        '        print(f"Flags of a command: python -m aiayn COMMAND --help. '
+        'Book: {BOOK_URL}")\n'
         "        return 0 if argv else 2\n"
         '    if argv[0] in ("-V", "--version"):\n'
         "        try:\n"
-        '            print(f"aiayn {version(\'aiayn\')}")\n'
+        "            print(f\"aiayn {version('aiayn')}\")\n"
         "        except PackageNotFoundError:  # a source tree that is not installed\n"
         '            print("aiayn (not installed)")\n'
         "        return 0\n"
@@ -392,8 +460,9 @@ def main_text(chapters: list[Chapter]) -> str:
         "        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)\n"
         '        hint = f" (did you mean {close[0]}?)" if close else ""\n'
         "        print(\n"
-        '            f"python -m aiayn: error: unknown command {argv[0]!r}{hint}; the commands "\n'
-        '            f"are {\', \'.join(COMMANDS)} (see --help)",\n'
+        '            f"python -m aiayn: error: unknown command {argv[0]!r}{hint}; '
+        'the commands "\n'
+        "            f\"are {', '.join(COMMANDS)} (see --help)\",\n"
         "            file=sys.stderr,\n"
         "        )\n"
         "        return 2\n"
@@ -413,16 +482,27 @@ def ruff() -> list[str]:
         return [str(local)]
     if shutil.which("ruff"):
         return ["ruff"]
-    raise ExportError("ruff is not installed; pip install -r requirements.txt installs it")
+    raise ExportError(
+        "ruff is not installed; pip install -r requirements.txt installs it"
+    )
 
 
 def formatted(path: Path, text: str) -> str:
-    """A generated file as ruff sorts its imports and formats it (pyproject.toml's settings)."""
-    settings = ["--config", str(ROOT / "pyproject.toml")] if (ROOT / "pyproject.toml").exists() else []
-    for args in (["check", "--fix", "--select", "I", "--quiet", "--exit-zero"], ["format", "--quiet"]):
+    """A generated file as ruff sorts its imports and formats it (pyproject.toml's)."""
+    settings = (
+        ["--config", str(ROOT / "pyproject.toml")]
+        if (ROOT / "pyproject.toml").exists()
+        else []
+    )
+    for args in (
+        ["check", "--fix", "--select", "I", "--quiet", "--exit-zero"],
+        ["format", "--quiet"],
+    ):
         run = subprocess.run(
             [*ruff(), *args, *settings, "--stdin-filename", str(path), "-"],
-            input=text, capture_output=True, text=True,
+            input=text,
+            capture_output=True,
+            text=True,
         )
         if run.returncode != 0:
             raise ExportError(f"ruff {args[0]} failed on {path.name}:\n{run.stderr}")
@@ -438,16 +518,25 @@ def expected_files() -> dict[Path, str]:
         if c.module is None:
             continue
         if c.module in owners:
-            raise ExportError(f"{c.module} is claimed by both {owners[c.module].rel} and {c.rel}")
+            raise ExportError(
+                f"{c.module} is claimed by both {owners[c.module].rel} and {c.rel}"
+            )
         if c.module in ("aiayn.__init__", "aiayn.__main__"):
-            raise ExportError(f"{c.rel}: {c.module} is generated; pick another module name")
+            raise ExportError(
+                f"{c.rel}: {c.module} is generated; pick another module name"
+            )
         owners[c.module] = c
-    files = {PACKAGE / "__init__.py": init_text(chapters), PACKAGE / "__main__.py": main_text(chapters)}
+    files = {
+        PACKAGE / "__init__.py": init_text(chapters),
+        PACKAGE / "__main__.py": main_text(chapters),
+    }
     seen: dict[str, str] = {}
     for c in chapters:
         for name in c.commands:
             if name in seen:
-                raise ExportError(f"command {name!r} is declared by both {seen[name]} and {c.rel}")
+                raise ExportError(
+                    f"command {name!r} is declared by both {seen[name]} and {c.rel}"
+                )
             seen[name] = c.rel
     for module, c in owners.items():
         files[PACKAGE / (module.split(".", 1)[1] + ".py")] = module_text(c)
@@ -464,7 +553,7 @@ def actual_files() -> dict[Path, str]:
 
 
 def check() -> int:
-    """Compare src/aiayn/ with the book's export; print each difference; 0 when in sync."""
+    """Compare src/aiayn/ with the book's export; print the differences; 0 in sync."""
     expected, actual = expected_files(), actual_files()
     problems = []
     for path, text in expected.items():
@@ -473,16 +562,25 @@ def check() -> int:
             problems.append(f"{rel}: missing (run python scripts/export.py)")
         elif actual[path] != text:
             diff = difflib.unified_diff(
-                text.splitlines(), actual[path].splitlines(), "exported", "on disk", lineterm="", n=1
+                text.splitlines(),
+                actual[path].splitlines(),
+                "exported",
+                "on disk",
+                lineterm="",
+                n=1,
             )
             excerpt = "\n".join(list(diff)[:12])
             problems.append(
-                f"{rel}: differs from what the book exports (a hand edit, or a stale export: "
+                f"{rel}: differs from what the book exports "
+                "(a hand edit, or a stale export: "
                 f"change the chapter, then run python scripts/export.py)\n{excerpt}"
             )
     for path in actual.keys() - expected.keys():
         rel = path.relative_to(ROOT).as_posix()
-        problems.append(f"{rel}: no chapter exports this module (remove it, or export it from a chapter)")
+        problems.append(
+            f"{rel}: no chapter exports this module "
+            "(remove it, or export it from a chapter)"
+        )
     for p in problems:
         print(p)
     if not problems:
@@ -506,8 +604,12 @@ def write() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="only compare; exit 1 on any difference")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="only compare; exit 1 on any difference"
+    )
     args = parser.parse_args(argv)
     try:
         return check() if args.check else write()

@@ -16,7 +16,14 @@ from aiayn.attention import (
 )
 
 
-def random_qkv(*batch: int, q_len: int = 5, k_len: int = 7, d_k: int = 16, d_v: int = 12, seed: int = 0):
+def random_qkv(
+    *batch: int,
+    q_len: int = 5,
+    k_len: int = 7,
+    d_k: int = 16,
+    d_v: int = 12,
+    seed: int = 0,
+):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(*batch, q_len, d_k, generator=g)
     k = torch.randn(*batch, k_len, d_k, generator=g)
@@ -39,7 +46,8 @@ def test_matches_torch_sdpa(use_mask: bool) -> None:
     mask = None
     if use_mask:
         mask = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(1)) > 0.5
-        mask[..., 0] = True  # torch's function returns NaN on empty rows; compare on the others
+        # torch's function returns NaN on empty rows; compare on the others
+        mask[..., 0] = True
     ours, _ = scaled_dot_product_attention(q, k, v, mask)
     theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
@@ -58,7 +66,10 @@ def test_masked_weights_are_zero_and_empty_rows_give_zeros(dtype: torch.dtype) -
     assert (w[0, 3] == 0).all() and (out[0, 3] == 0).all()
     allowed_rows = mask.any(-1)
     torch.testing.assert_close(
-        w.float().sum(-1)[allowed_rows], torch.ones(int(allowed_rows.sum())), atol=1e-2, rtol=0
+        w.float().sum(-1)[allowed_rows],
+        torch.ones(int(allowed_rows.sum())),
+        atol=1e-2,
+        rtol=0,
     )
 
 
@@ -90,16 +101,54 @@ def test_dropout_keeps_or_rescales_each_weight() -> None:
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda q, k, v: scaled_dot_product_attention(q[0, 0], k, v), "at least 2 dimensions"),
-        (lambda q, k, v: scaled_dot_product_attention(q, k[..., :8], v), "same last dimension"),
+        (
+            lambda q, k, v: scaled_dot_product_attention(q[0, 0], k, v),
+            "at least 2 dimensions",
+        ),
+        (
+            lambda q, k, v: scaled_dot_product_attention(q, k[..., :8], v),
+            "same last dimension",
+        ),
         (lambda q, k, v: scaled_dot_product_attention(q, k, v[:, :6]), "same length"),
-        (lambda q, k, v: scaled_dot_product_attention(q, k[:1].expand(3, 7, 16).repeat(2, 1, 1), v), "broadcast"),
-        (lambda q, k, v: scaled_dot_product_attention(q, k, v, mask=torch.ones(5, 7)), "torch.bool"),
-        (lambda q, k, v: scaled_dot_product_attention(q, k, v, mask=torch.ones(5, 6).bool()), "does not broadcast"),
-        (lambda q, k, v: scaled_dot_product_attention(q, k, v, mask=torch.ones(4, 2, 5, 7).bool()), "does not broadcast"),
-        (lambda q, k, v: scaled_dot_product_attention(q, k, v, dropout_p=1.0), "dropout_p"),
+        (
+            lambda q, k, v: scaled_dot_product_attention(
+                q, k[:1].expand(3, 7, 16).repeat(2, 1, 1), v
+            ),
+            "broadcast",
+        ),
+        (
+            lambda q, k, v: scaled_dot_product_attention(
+                q, k, v, mask=torch.ones(5, 7)
+            ),
+            "torch.bool",
+        ),
+        (
+            lambda q, k, v: scaled_dot_product_attention(
+                q, k, v, mask=torch.ones(5, 6).bool()
+            ),
+            "does not broadcast",
+        ),
+        (
+            lambda q, k, v: scaled_dot_product_attention(
+                q, k, v, mask=torch.ones(4, 2, 5, 7).bool()
+            ),
+            "does not broadcast",
+        ),
+        (
+            lambda q, k, v: scaled_dot_product_attention(q, k, v, dropout_p=1.0),
+            "dropout_p",
+        ),
     ],
-    ids=["rank", "d_k", "length", "batch", "float-mask", "mask-shape", "mask-enlarges", "dropout"],
+    ids=[
+        "rank",
+        "d_k",
+        "length",
+        "batch",
+        "float-mask",
+        "mask-shape",
+        "mask-enlarges",
+        "dropout",
+    ],
 )
 def test_bad_input_is_a_clear_value_error(call, message: str) -> None:
     q, k, v = random_qkv(2)
@@ -120,14 +169,22 @@ def test_additive_attention_shapes_mask_and_sizes() -> None:
     # score(q, k) = v^T tanh(W_q q + W_k k), computed pair by pair
     with torch.no_grad():
         weights = torch.softmax(
-            torch.stack([attention.v(torch.tanh(attention.w_q(q[0, 1]) + attention.w_k(k[0, j]))) for j in (0, 1, 3)]).squeeze(-1),
+            torch.stack(
+                [
+                    attention.v(
+                        torch.tanh(attention.w_q(q[0, 1]) + attention.w_k(k[0, j]))
+                    )
+                    for j in (0, 1, 3)
+                ]
+            ).squeeze(-1),
             dim=0,
         )
     torch.testing.assert_close(w[0, 1, 3], weights[2])
     assert sum(p.numel() for p in attention.parameters()) == 10 * 8 + 6 * 8 + 8
 
 
-# --- a 2-D mask when batch = q_len: [q_len, k_len], or PyTorch's key padding mask? ---------------
+# --- a 2-D mask when batch = q_len: [q_len, k_len], or PyTorch's key padding mask? ----
+
 
 def test_a_2d_mask_is_refused_when_batch_equals_q_len() -> None:
     from aiayn.attention import check_attention_inputs
@@ -135,7 +192,8 @@ def test_a_2d_mask_is_refused_when_batch_equals_q_len() -> None:
     from aiayn.multi_head import MultiHeadAttention
 
     q, k, v = random_qkv(3, 2, q_len=3, k_len=3)  # [batch 3, heads 2, q_len 3, d]
-    key_padding = torch.tensor([[False, False, True]] * 3)  # PyTorch's [batch, k_len]: True = pad
+    # PyTorch's [batch, k_len]: True = pad
+    key_padding = torch.tensor([[False, False, True]] * 3)
     with pytest.raises(ValueError, match="ambiguous") as refused:
         scaled_dot_product_attention(q, k, v, mask=key_padding)
     message = str(refused.value)
@@ -164,8 +222,13 @@ def test_2d_masks_stay_accepted_where_they_are_unambiguous() -> None:
     assert check_attention_inputs(q, k, v, causal_mask(3)) == (2, 3, 3)
     q, k, v = random_qkv(1, q_len=3, k_len=3)  # a batch of one
     assert check_attention_inputs(q, k, v, causal_mask(3)) == (1, 3, 3)
-    q, k, v = random_qkv(3, q_len=1, k_len=4)  # one query: [1, k_len] reads the same either way
-    assert check_attention_inputs(q, k, v, torch.ones(1, 4, dtype=torch.bool)) == (3, 1, 4)
+    # one query: [1, k_len] reads the same either way
+    q, k, v = random_qkv(3, q_len=1, k_len=4)
+    assert check_attention_inputs(q, k, v, torch.ones(1, 4, dtype=torch.bool)) == (
+        3,
+        1,
+        4,
+    )
     q, k, v = random_qkv(q_len=3, k_len=3)  # no batch dimension at all
     assert check_attention_inputs(q, k, v, causal_mask(3)) == (3, 3)
 
@@ -181,7 +244,12 @@ def test_broadcast_shape_follows_torch() -> None:
     g = torch.Generator().manual_seed(0)
     for _ in range(500):
         shapes = [
-            tuple(int(n) for n in torch.randint(0, 4, (int(torch.randint(0, 5, (1,), generator=g)),), generator=g))
+            tuple(
+                int(n)
+                for n in torch.randint(
+                    0, 4, (int(torch.randint(0, 5, (1,), generator=g)),), generator=g
+                )
+            )
             for _ in range(int(torch.randint(1, 4, (1,), generator=g)))
         ]
         try:
@@ -198,7 +266,8 @@ def test_a_pytorch_key_padding_mask_for_a_batch_of_one_is_refused_everywhere() -
     from aiayn.multi_head import MultiHeadAttention
 
     q, k, v = random_qkv(1, 2, q_len=3, k_len=4)  # a batch of one
-    key_padding = torch.tensor([[False, False, False, True]])  # PyTorch: the last key is padding
+    # PyTorch: the last key is padding
+    key_padding = torch.tensor([[False, False, False, True]])
     with pytest.raises(ValueError, match="ambiguous"):
         scaled_dot_product_attention(q, k, v, mask=key_padding)
     with pytest.raises(ValueError, match="ambiguous"):
@@ -206,7 +275,9 @@ def test_a_pytorch_key_padding_mask_for_a_batch_of_one_is_refused_everywhere() -
     decoder = Decoder(1, 16, 4, 32).eval()
     with pytest.raises(ValueError, match="memory_key_padding_mask"):
         decoder(torch.randn(1, 3, 16), torch.randn(1, 4, 16), memory_mask=key_padding)
-    _, w = scaled_dot_product_attention(q, k, v, mask=~key_padding[:, None, None, :])  # explicit
+    # the same padding, as an explicit mask
+    _, w = scaled_dot_product_attention(q, k, v, mask=~key_padding[:, None, None, :])
     assert (w[..., 3] == 0).all()
-    q, k, v = random_qkv(3, 2, q_len=1, k_len=4)  # batch 3: [1, k_len] can only be shared
+    # batch 3: [1, k_len] can only be shared
+    q, k, v = random_qkv(3, 2, q_len=1, k_len=4)
     scaled_dot_product_attention(q, k, v, mask=torch.ones(1, 4, dtype=torch.bool))

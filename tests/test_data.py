@@ -1,4 +1,7 @@
-"""Tests of aiayn.data (chapter 16): Multi30k files, the subword tokenizer, BLEU, recipes, presets, commands."""
+"""Tests of aiayn.data (chapter 16).
+
+Multi30k files, the subword tokenizer, BLEU, recipes, presets and commands.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +15,14 @@ import urllib.error
 from pathlib import Path
 
 import pytest
-from conftest import HANG_S, local_multi30k
 import sacrebleu
 import torch
 
+import aiayn.batching as batching
 import aiayn.cli as cli
 import aiayn.data as data
 from aiayn import Transformer
-from aiayn.batching import tokenizer_from_dict
+from aiayn.batching import load_checkpoint_model, tokenizer_from_dict
 from aiayn.data import (
     CACHE_ENV,
     DATA_ENV,
@@ -40,14 +43,14 @@ from aiayn.data import (
     split_files,
 )
 from aiayn.decoding import translate
-from aiayn.batching import load_checkpoint_model
+from conftest import HANG_S, local_multi30k
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No data directory set and an empty cache: every file must come from a download."""
+    """No data directory set, an empty cache: every file must come from a download."""
     monkeypatch.delenv(DATA_ENV, raising=False)
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path
@@ -55,7 +58,7 @@ def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def shared_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """The local copy named by the environment variable, and a cache of the test's own."""
+    """The local copy that the environment variable names; a cache of the test's own."""
     directory = local_multi30k()
     monkeypatch.setenv(DATA_ENV, str(directory))
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
@@ -69,15 +72,20 @@ def copy_of(directory: Path, target: Path) -> Path:
     return target
 
 
-# --- the files ---------------------------------------------------------------------------------------
+# --- the files ------------------------------------------------------------------------
+
 
 def test_the_environment_variable_names_the_data(shared_data):
     assert multi30k_dir() == shared_data
-    sizes = {split: len(load_multi30k(split)) for split in ("train", "valid", "test2016")}
+    sizes = {
+        split: len(load_multi30k(split)) for split in ("train", "valid", "test2016")
+    }
     assert sizes == {"train": 29000, "valid": 1014, "test2016": 1000}
     first = load_multi30k("train")[0]
-    assert first == ("Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.",
-                     "Two young, White males are outside near many bushes.")
+    assert first == (
+        "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.",
+        "Two young, White males are outside near many bushes.",
+    )
     assert load_multi30k("train", "en-de")[0] == first[::-1]
 
 
@@ -94,13 +102,17 @@ def test_a_corrupt_file_is_refused_with_what_to_do(shared_data, tmp_path):
     raw = bytearray((copy / "test_2016_flickr.en.gz").read_bytes())
     raw[100] ^= 0xFF  # one flipped byte
     (copy / "test_2016_flickr.en.gz").write_bytes(bytes(raw))
-    with pytest.raises(ValueError, match=r"test_2016_flickr.en.gz has sha256 .* truncated or altered") as err:
+    with pytest.raises(
+        ValueError, match=r"test_2016_flickr.en.gz has sha256 .* truncated or altered"
+    ) as err:
         multi30k_dir(copy)
     assert DATA_ENV in str(err.value) and data.MULTI30K_URL in str(err.value)
     multi30k_dir(copy, splits=["train", "valid"])  # only the named splits are checked
 
 
-def test_missing_files_and_directories_are_clear_errors(shared_data, tmp_path, monkeypatch):
+def test_missing_files_and_directories_are_clear_errors(
+    shared_data, tmp_path, monkeypatch
+):
     with pytest.raises(ValueError, match="is not a directory"):
         multi30k_dir(tmp_path / "nowhere")
     monkeypatch.setenv(DATA_ENV, str(tmp_path))
@@ -116,14 +128,16 @@ def test_a_download_fills_the_cache_atomically_and_once(isolated, monkeypatch):
     origin = local_multi30k().resolve().as_uri()
     directory = multi30k_dir(splits=["valid"], base_url=origin)
     assert directory == isolated / "cache" / "multi30k"
-    assert sorted(p.name for p in directory.iterdir()) == ["val.de.gz", "val.en.gz"]  # no partial files
+    # no partial files
+    assert sorted(p.name for p in directory.iterdir()) == ["val.de.gz", "val.en.gz"]
     assert len(load_multi30k("valid")) == 1014
 
     def no_network(url, path, timeout=60.0):
         raise AssertionError(f"fetched {url} again")
 
     monkeypatch.setattr(data, "fetch", no_network)
-    assert len(load_multi30k("valid")) == 1014  # verified files in the cache are not fetched again
+    # verified files in the cache are not fetched again
+    assert len(load_multi30k("valid")) == 1014
 
 
 def test_a_download_with_the_wrong_bytes_leaves_nothing(isolated, tmp_path):
@@ -139,8 +153,11 @@ def test_no_network_and_no_download_are_clear_errors(isolated, monkeypatch):
         raise urllib.error.URLError("no network")
 
     monkeypatch.setattr(data, "fetch", offline)
-    with pytest.raises(ValueError, match=r"cannot download https://raw.githubusercontent.com/multi30k/dataset/"
-                                         r"a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/train.de.gz"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot download https://raw.githubusercontent.com/multi30k/dataset/"
+        r"a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/train.de.gz",
+    ):
         load_multi30k("train")
     with pytest.raises(ValueError, match="download=False"):
         load_multi30k("train", download=False)
@@ -166,7 +183,8 @@ def test_lines_end_only_at_newlines_and_normalize(tmp_path):
     assert normalize("  Ma\u0308dchen \t im   Schnee ") == "M\u00e4dchen im Schnee"
 
 
-# --- the tokenizer -----------------------------------------------------------------------------------
+# --- the tokenizer --------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def small_data() -> list[tuple[str, str]]:
@@ -175,28 +193,48 @@ def small_data() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def tokenizer(small_data) -> SubwordTokenizer:
-    return SubwordTokenizer.train([text for pair in small_data for text in pair], vocab_size=1000)
+    return SubwordTokenizer.train(
+        [text for pair in small_data for text in pair], vocab_size=1000
+    )
 
 
 def test_the_tokenizer_follows_chapter_11s_protocol(tokenizer):
-    assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id) == (0, 1, 2, 3)
+    assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id) == (
+        0,
+        1,
+        2,
+        3,
+    )
     assert tokenizer.vocab_size == len(tokenizer) == 1000
     ids = tokenizer.encode("Ein Hund läuft.")
     assert ids and all(i >= 4 for i in ids)
     assert tokenizer.decode([1] + ids + [2, 9, 9, 0]) == "Ein Hund läuft."
     assert tokenizer.decode(torch.tensor(ids)) == "Ein Hund läuft."
-    assert tokenizer.encode_batch(["Ein Hund läuft.", "a"]) == [ids, tokenizer.encode("a")]
+    assert tokenizer.encode_batch(["Ein Hund läuft.", "a"]) == [
+        ids,
+        tokenizer.encode("a"),
+    ]
     pieces = tokenizer.pieces("Ein Mann.")
-    assert pieces[0] == "▁Ein" and pieces[-1] == "." and "".join(pieces).replace("▁", " ").strip() == "Ein Mann."
+    assert (
+        pieces[0] == "▁Ein"
+        and pieces[-1] == "."
+        and "".join(pieces).replace("▁", " ").strip() == "Ein Mann."
+    )
     assert tokenizer.decode(tokenizer.encode("Ein ☃ Hund")) == "Ein <unk> Hund"
-    for bad in (lambda: tokenizer.encode(3), lambda: tokenizer.decode([5, 1000]), lambda: tokenizer.decode([-1]),
-                lambda: tokenizer.decode(torch.zeros(2, 2, dtype=torch.long)), lambda: tokenizer.encode_batch("x")):
+    for bad in (
+        lambda: tokenizer.encode(3),
+        lambda: tokenizer.decode([5, 1000]),
+        lambda: tokenizer.decode([-1]),
+        lambda: tokenizer.decode(torch.zeros(2, 2, dtype=torch.long)),
+        lambda: tokenizer.encode_batch("x"),
+    ):
         with pytest.raises(ValueError):
             bad()
 
 
 def test_decode_of_encode_is_the_normalised_text(tokenizer, small_data):
-    texts = [text for pair in small_data for text in pair] + ["  Zwei   Männer\tim Schnee , lachend! "]
+    spaced = "  Zwei   Männer\tim Schnee , lachend! "
+    texts = [text for pair in small_data for text in pair] + [spaced]
     decoded = [tokenizer.decode(ids) for ids in tokenizer.encode_batch(texts)]
     assert decoded == [normalize(text) for text in texts]
 
@@ -208,8 +246,13 @@ def test_the_tokenizer_travels_in_dicts_and_files(tokenizer, tmp_path):
     assert again.encode(sentence) == tokenizer.encode(sentence)
     assert all(isinstance(v, str) for v in tokenizer.to_dict().values())
     tokenizer.save(tmp_path / "tokenizer.json")
-    assert SubwordTokenizer.load(tmp_path / "tokenizer.json").encode(sentence) == tokenizer.encode(sentence)
-    for bad in ({"kind": "symbols"}, {"kind": "subword"}, {"kind": "subword", "tokenizer": "{"}):
+    loaded = SubwordTokenizer.load(tmp_path / "tokenizer.json")
+    assert loaded.encode(sentence) == tokenizer.encode(sentence)
+    for bad in (
+        {"kind": "symbols"},
+        {"kind": "subword"},
+        {"kind": "subword", "tokenizer": "{"},
+    ):
         with pytest.raises(ValueError):
             SubwordTokenizer.from_dict(bad)
     with pytest.raises(ValueError, match="no tokenizer file"):
@@ -224,7 +267,8 @@ def test_training_the_tokenizer_is_deterministic(small_data):
     assert SubwordTokenizer.train(texts, vocab_size=600).to_dict() == first
 
 
-# --- BLEU --------------------------------------------------------------------------------------------
+# --- BLEU -----------------------------------------------------------------------------
+
 
 def test_corpus_bleu_is_sacrebleu():
     hyps = ["A man in an orange hat is staring at something.", "Two dogs run ."]
@@ -232,7 +276,9 @@ def test_corpus_bleu_is_sacrebleu():
     score, signature = corpus_bleu(hyps, refs)
     assert score == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-12)
     assert "case:mixed" in signature and "tok:13a" in signature
-    lower, lower_signature = corpus_bleu([h.upper() for h in hyps], refs, lowercase=True)
+    lower, lower_signature = corpus_bleu(
+        [h.upper() for h in hyps], refs, lowercase=True
+    )
     assert lower == pytest.approx(score, abs=1e-12) and "case:lc" in lower_signature
     with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
         corpus_bleu(hyps, refs[:1])
@@ -242,40 +288,81 @@ def test_evaluate_bleu_scores_translate_in_order(tokenizer, small_data):
     torch.manual_seed(0)
     model = Transformer(TINY_RECIPE.model_config(tokenizer.vocab_size)).eval()
     pairs = small_data[:12]
-    result = evaluate_bleu(model, tokenizer, pairs, method="greedy", max_len=8, batch_size=5)
+    result = evaluate_bleu(
+        model, tokenizer, pairs, method="greedy", max_len=8, batch_size=5
+    )
     sources, references = [s for s, _ in pairs], [r for _, r in pairs]
-    assert result.hypotheses == translate(model, tokenizer, sources, method="greedy", max_len=8)
-    assert result.score == pytest.approx(sacrebleu.corpus_bleu(result.hypotheses, [references]).score)
+    assert result.hypotheses == translate(
+        model, tokenizer, sources, method="greedy", max_len=8
+    )
+    assert result.score == pytest.approx(
+        sacrebleu.corpus_bleu(result.hypotheses, [references]).score
+    )
     lower = sacrebleu.corpus_bleu(result.hypotheses, [references], lowercase=True).score
     assert result.lowercase_score == pytest.approx(lower) and result.method == "greedy"
-    beam = evaluate_bleu(model, tokenizer, pairs[:3], method="beam", beam_size=2, max_len=6)
+    beam = evaluate_bleu(
+        model, tokenizer, pairs[:3], method="beam", beam_size=2, max_len=6
+    )
     assert len(beam.hypotheses) == 3 and beam.method == "beam"
     with pytest.raises(ValueError, match="method"):
         evaluate_bleu(model, tokenizer, pairs, method="sample")
 
 
-# --- recipes, checkpoints, book_model ----------------------------------------------------------------
+# --- recipes, checkpoints, book_model -------------------------------------------------
+
 
 def test_recipes_make_shared_embedding_models_and_keys():
     config = TINY_RECIPE.model_config(500)
-    assert config.share_embeddings and config.tie_output and config.src_vocab_size == config.tgt_vocab_size
-    same = Multi30kRecipe(TINY_RECIPE.direction, TINY_RECIPE.vocab_size, dataclasses.replace(TINY_RECIPE.model),
-                          dataclasses.replace(TINY_RECIPE.schedule), TINY_RECIPE.max_tokens)
+    assert (
+        config.share_embeddings
+        and config.tie_output
+        and config.src_vocab_size == config.tgt_vocab_size
+    )
+    same = Multi30kRecipe(
+        TINY_RECIPE.direction,
+        TINY_RECIPE.vocab_size,
+        dataclasses.replace(TINY_RECIPE.model),
+        dataclasses.replace(TINY_RECIPE.schedule),
+        TINY_RECIPE.max_tokens,
+    )
     assert TINY_RECIPE.key() == same.key()
-    for change in (dict(schedule=data.schedule(steps=20, warmup=10, factor=1.0, seed=1)),
-                   dict(model=dataclasses.replace(TINY_RECIPE.model, activation="gelu")),
-                   dict(vocab_size=501), dict(max_tokens=256)):  # every setting of the model is in the key
-        assert dataclasses.replace(TINY_RECIPE, **change).key() != TINY_RECIPE.key(), change
-    # the model's vocabulary is the tokenizer's: its placeholder sizes do not change the key
-    assert dataclasses.replace(TINY_RECIPE, model=dataclasses.replace(
-        TINY_RECIPE.model, src_vocab_size=7, tgt_vocab_size=7)).key() == TINY_RECIPE.key()
+    for change in (
+        dict(schedule=data.schedule(steps=20, warmup=10, factor=1.0, seed=1)),
+        dict(model=dataclasses.replace(TINY_RECIPE.model, activation="gelu")),
+        # every setting of the model is in the key
+        dict(vocab_size=501),
+        dict(max_tokens=256),
+    ):
+        changed = dataclasses.replace(TINY_RECIPE, **change)
+        assert changed.key() != TINY_RECIPE.key(), change
+    # the model's vocabulary is the tokenizer's, so its placeholder sizes do not
+    # change the key
+    assert (
+        dataclasses.replace(
+            TINY_RECIPE,
+            model=dataclasses.replace(
+                TINY_RECIPE.model, src_vocab_size=7, tgt_vocab_size=7
+            ),
+        ).key()
+        == TINY_RECIPE.key()
+    )
     assert TINY_RECIPE.train_config(log_every=3).steps == TINY_RECIPE.schedule.steps
-    # one declaration per setting: the recipe holds the model's and the schedule's configurations
+    # one declaration per setting: the recipe holds the configurations of the model
+    # and of the schedule
     assert {f.name for f in dataclasses.fields(Multi30kRecipe)} == {
-        "direction", "vocab_size", "model", "schedule", "max_tokens"}
-    for bad in (lambda: Multi30kRecipe(model=data.joint_model(d_model=30, n_heads=4)),
-                lambda: Multi30kRecipe(direction="fr-en"), lambda: Multi30kRecipe(schedule=data.schedule(factor=0.0)),
-                lambda: Multi30kRecipe(max_tokens=0), lambda: Multi30kRecipe(model={"d_model": 256})):
+        "direction",
+        "vocab_size",
+        "model",
+        "schedule",
+        "max_tokens",
+    }
+    for bad in (
+        lambda: Multi30kRecipe(model=data.joint_model(d_model=30, n_heads=4)),
+        lambda: Multi30kRecipe(direction="fr-en"),
+        lambda: Multi30kRecipe(schedule=data.schedule(factor=0.0)),
+        lambda: Multi30kRecipe(max_tokens=0),
+        lambda: Multi30kRecipe(model={"d_model": 256}),
+    ):
         with pytest.raises(ValueError):
             bad()
 
@@ -285,7 +372,9 @@ def checkpoint(tokenizer, tmp_path_factory) -> Path:
     """A tiny untrained model saved with the subword tokenizer."""
     torch.manual_seed(0)
     model = Transformer(TINY_RECIPE.model_config(tokenizer.vocab_size))
-    path = save_translation_model(model, tokenizer, tmp_path_factory.mktemp("model") / "model.pt")
+    path = save_translation_model(
+        model, tokenizer, tmp_path_factory.mktemp("model") / "model.pt"
+    )
     return path
 
 
@@ -294,93 +383,151 @@ def test_a_saved_model_loads_with_its_tokenizer(checkpoint, tokenizer):
     raw = torch.load(checkpoint, weights_only=True)
     assert raw["tokenizer"]["kind"] == "subword"
     model, again = load_checkpoint_model(checkpoint)
-    assert isinstance(again, SubwordTokenizer) and again.to_dict() == tokenizer.to_dict()
+    assert (
+        isinstance(again, SubwordTokenizer) and again.to_dict() == tokenizer.to_dict()
+    )
     assert not model.training and model.config.share_embeddings
 
 
 def test_book_model_reads_the_cache_without_training(checkpoint, monkeypatch, tmp_path):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     path = book_model_path()
-    assert path.parent.name == f"multi30k-de-en-{data.BOOK_RECIPE.key()}" and path.is_relative_to(tmp_path)
+    assert (
+        path.parent.name == f"multi30k-de-en-{data.BOOK_RECIPE.key()}"
+        and path.is_relative_to(tmp_path)
+    )
     path.parent.mkdir(parents=True)
     shutil.copy(checkpoint, path)
-    monkeypatch.setattr(data, "train_multi30k", lambda *a, **k: pytest.fail("book_model trained"))
+    monkeypatch.setattr(
+        data, "train_multi30k", lambda *a, **k: pytest.fail("book_model trained")
+    )
     model, tokenizer = book_model()
     assert isinstance(tokenizer, SubwordTokenizer) and not model.training
 
 
 def test_cpu_has_bf16_is_a_bool(monkeypatch):
     monkeypatch.delenv("AIAYN_CPU_BF16", raising=False)
-    assert isinstance(data.cpu_has_bf16(), bool)
+    assert isinstance(batching.cpu_has_bf16(), bool)
 
 
 def test_cpu_has_bf16_can_be_switched_off_and_on(monkeypatch):
     """AIAYN_CPU_BF16 reproduces a processor without (or with) bfloat16 instructions."""
     monkeypatch.setenv("AIAYN_CPU_BF16", "0")
-    assert data.cpu_has_bf16() is False
+    assert batching.cpu_has_bf16() is False
     monkeypatch.setenv("AIAYN_CPU_BF16", "1")
-    assert data.cpu_has_bf16() is True
+    assert batching.cpu_has_bf16() is True
     monkeypatch.setenv("AIAYN_CPU_BF16", "no")
     with pytest.raises(ValueError, match="AIAYN_CPU_BF16 must be 0 or 1, got 'no'"):
-        data.cpu_has_bf16()
+        batching.cpu_has_bf16()
 
 
-# --- commands in fresh processes ---------------------------------------------------------------------
+# --- commands in fresh processes ------------------------------------------------------
 
-def run_aiayn(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`python -m aiayn ARGS` in a new process that imports the package from this tree."""
-    env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "aiayn", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=HANG_S)
+
+def run_aiayn(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m aiayn ARGS` in a new process, importing the package from this tree."""
+    env = {
+        **os.environ,
+        **(env or {}),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "aiayn", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=HANG_S,
+    )
 
 
 def test_translate_reads_a_subword_checkpoint_in_a_fresh_process(checkpoint):
-    done = run_aiayn("translate", "--checkpoint", str(checkpoint), "--greedy", "--max-len", "6",
-                     "Ein Hund läuft.", "Zwei Frauen.")
+    done = run_aiayn(
+        "translate",
+        "--checkpoint",
+        str(checkpoint),
+        "--greedy",
+        "--max-len",
+        "6",
+        "Ein Hund läuft.",
+        "Zwei Frauen.",
+    )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split("\n")) == 3  # two lines and the final newline
 
 
 def test_the_preset_trains_two_steps_and_bleu_scores_the_checkpoint(tmp_path):
     env = {DATA_ENV: str(local_multi30k()), CACHE_ENV: str(tmp_path / "cache")}
-    done = run_aiayn("train", "--preset", "multi30k-de-en", "--model", "tiny", "--steps", "2", "--device", "cpu",
-                     "--train-size", "200", "--bleu-size", "5", "--checkpoint-dir", str(tmp_path / "run"),
-                     "--no-progress", env=env)
+    done = run_aiayn(
+        *"train --preset multi30k-de-en --model tiny --steps 2".split(),
+        *"--device cpu --train-size 200 --bleu-size 5".split(),
+        "--checkpoint-dir",
+        str(tmp_path / "run"),
+        "--no-progress",
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
-    assert "training multi30k-de-en on cpu" in done.stdout and "valid BLEU" in done.stdout
+    assert (
+        "training multi30k-de-en on cpu" in done.stdout and "valid BLEU" in done.stdout
+    )
     model, tokenizer = load_checkpoint_model(tmp_path / "run" / "last.pt")
-    assert isinstance(tokenizer, SubwordTokenizer) and model.config.d_model == TINY_RECIPE.model.d_model
-    scored = run_aiayn("bleu", "--checkpoint", str(tmp_path / "run"), "--limit", "4", "--greedy",
-                       "--device", "cpu", "--output", str(tmp_path / "out.txt"), env=env)
+    assert (
+        isinstance(tokenizer, SubwordTokenizer)
+        and model.config.d_model == TINY_RECIPE.model.d_model
+    )
+    scored = run_aiayn(
+        "bleu",
+        "--checkpoint",
+        str(tmp_path / "run"),
+        *"--limit 4 --greedy --device cpu".split(),
+        "--output",
+        str(tmp_path / "out.txt"),
+        env=env,
+    )
     assert scored.returncode == 0, scored.stderr
-    assert "test2016 de-en, 4 sentences, greedy: BLEU" in scored.stdout and "signature: nrefs:1|case:mixed" in scored.stdout
+    assert (
+        "test2016 de-en, 4 sentences, greedy: BLEU" in scored.stdout
+        and "signature: nrefs:1|case:mixed" in scored.stdout
+    )
     assert len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 4
     missing = run_aiayn("bleu", "--checkpoint", str(tmp_path / "none.pt"), env=env)
     assert missing.returncode == 2 and "error:" in missing.stderr
 
 
-def test_the_preset_picks_the_recipe_that_fits_the_device(tmp_path, monkeypatch, capsys):
+def test_the_preset_picks_the_recipe_that_fits_the_device(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv(DATA_ENV, str(local_multi30k()))
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     cpu = torch.device("cpu")
-    on_cpu = cli.multi30k_experiment("multi30k-de-en", cli.Multi30kTask(vocab_size=300, train_size=200), cpu)
-    assert on_cpu.options["model"] == "book" and on_cpu.model_config.d_model == data.BOOK_RECIPE.model.d_model
-    assert on_cpu.train_config.amp == ("bf16" if data.cpu_has_bf16() else "off")  # as chapter 16 trains it
+    on_cpu = cli.multi30k_experiment(
+        "multi30k-de-en", cli.Multi30kTask(vocab_size=300, train_size=200), cpu
+    )
+    assert (
+        on_cpu.options["model"] == "book"
+        and on_cpu.model_config.d_model == data.BOOK_RECIPE.model.d_model
+    )
+    # as chapter 16 trains it
+    assert on_cpu.train_config.amp == ("bf16" if batching.cpu_has_bf16() else "off")
     assert not on_cpu.train_config.compile and capsys.readouterr().err == ""
     gpu = cli.Multi30kTask(model="gpu", vocab_size=300, train_size=200)
     asked = cli.multi30k_experiment("multi30k-en-de", gpu, cpu)
-    assert asked.model_config.d_model == data.GPU_RECIPE.model.d_model  # given explicitly, it is honoured...
-    assert "--model book trains" in capsys.readouterr().err  # ... with a warning of the time it takes
+    # given explicitly, it is honoured...
+    assert asked.model_config.d_model == data.GPU_RECIPE.model.d_model
+    # ... with a warning of the time it takes
+    assert "--model book trains" in capsys.readouterr().err
 
 
 def test_the_recipes_train_in_bf16_or_fp32_on_a_cpu_and_auto_on_a_gpu(monkeypatch):
-    """Chapter 16 prints the precision recipe_amp gives; on a GPU "auto" (bf16, fp16 on a T4)."""
+    """Chapter 16 prints recipe_amp's precision; on a GPU "auto" (bf16; fp16 on T4)."""
     monkeypatch.setenv("AIAYN_CPU_BF16", "1")
-    assert data.recipe_amp(torch.device("cpu")) == "bf16"
+    assert batching.recipe_amp(torch.device("cpu")) == "bf16"
     monkeypatch.setenv("AIAYN_CPU_BF16", "0")
-    assert data.recipe_amp(torch.device("cpu")) == "off"
-    assert data.recipe_amp(torch.device("cuda")) == "auto"
+    assert batching.recipe_amp(torch.device("cpu")) == "off"
+    assert batching.recipe_amp(torch.device("cuda")) == "auto"
 
 
 def test_corpus_bleu_of_no_sentences_is_a_clear_error():

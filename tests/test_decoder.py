@@ -1,4 +1,4 @@
-"""Tests of aiayn.decoder (chapter 8): DecoderLayer, Decoder and the cache for incremental decoding."""
+"""Tests of aiayn.decoder (chapter 8): DecoderLayer, Decoder, the incremental cache."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from aiayn.multi_head import KVCache
 
 D_MODEL, N_HEADS, D_FF = 32, 4, 64
 PAD = 0
-SRC = torch.tensor([[5, 3, 8, 2, 9, 4], [7, 1, 6, PAD, PAD, PAD], [2, 2, 5, 8, PAD, PAD]])  # [3, 6]
+# [3, 6]
+SRC = torch.tensor(
+    [[5, 3, 8, 2, 9, 4], [7, 1, 6, PAD, PAD, PAD], [2, 2, 5, 8, PAD, PAD]]
+)
 TGT = torch.tensor([[1, 4, 6, 3, 9], [1, 7, 5, PAD, PAD], [1, 2, 3, 4, PAD]])  # [3, 5]
 
 TORCH_NAMES = {
@@ -39,7 +42,7 @@ def torch_state_dict(layer: DecoderLayer) -> dict[str, torch.Tensor]:
 
 
 def randomize_vectors(module: nn.Module) -> None:
-    """Non-default biases and LayerNorm parameters, so that parity is not trivially met."""
+    """Non-default biases and LayerNorm parameters, so that parity is not trivial."""
     with torch.no_grad():
         for name, p in module.named_parameters():
             if p.dim() == 1:
@@ -49,14 +52,16 @@ def randomize_vectors(module: nn.Module) -> None:
 def inputs(tgt_len: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
     """An embedded target [3, tgt_len, d_model] and a memory [3, 6, d_model]."""
     gen = torch.Generator().manual_seed(1)
-    return torch.randn(3, tgt_len, D_MODEL, generator=gen), torch.randn(3, 6, D_MODEL, generator=gen)
+    return torch.randn(3, tgt_len, D_MODEL, generator=gen), torch.randn(
+        3, 6, D_MODEL, generator=gen
+    )
 
 
 def count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-# --- parity with PyTorch -------------------------------------------------------------------------
+# --- parity with PyTorch --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -66,7 +71,13 @@ def test_layer_parity_with_torch(norm_first: bool, float_causal: bool) -> None:
     ours = DecoderLayer(D_MODEL, N_HEADS, D_FF, norm_first=norm_first).eval()
     randomize_vectors(ours)
     theirs = nn.TransformerDecoderLayer(
-        D_MODEL, N_HEADS, D_FF, dropout=0.1, activation="relu", batch_first=True, norm_first=norm_first
+        D_MODEL,
+        N_HEADS,
+        D_FF,
+        dropout=0.1,
+        activation="relu",
+        batch_first=True,
+        norm_first=norm_first,
     ).eval()
     theirs.load_state_dict(torch_state_dict(ours))  # strict
     x, memory = inputs()
@@ -78,8 +89,19 @@ def test_layer_parity_with_torch(norm_first: bool, float_causal: bool) -> None:
     else:
         tgt_mask, tgt_kpm, mem_kpm = ~causal_mask(5), TGT == PAD, SRC == PAD
     with torch.no_grad():
-        out = ours(x, memory, self_mask=target_mask(TGT, PAD), memory_mask=padding_mask(SRC, PAD))
-        ref = theirs(x, memory, tgt_mask=tgt_mask, tgt_key_padding_mask=tgt_kpm, memory_key_padding_mask=mem_kpm)
+        out = ours(
+            x,
+            memory,
+            self_mask=target_mask(TGT, PAD),
+            memory_mask=padding_mask(SRC, PAD),
+        )
+        ref = theirs(
+            x,
+            memory,
+            tgt_mask=tgt_mask,
+            tgt_key_padding_mask=tgt_kpm,
+            memory_key_padding_mask=mem_kpm,
+        )
     assert out.shape == (3, 5, D_MODEL)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -89,22 +111,36 @@ def test_stack_parity_with_torch_on_real_positions(norm_first: bool) -> None:
     torch.manual_seed(0)
     ours = Decoder(3, D_MODEL, N_HEADS, D_FF, norm_first=norm_first).eval()
     randomize_vectors(ours)
-    template = nn.TransformerDecoderLayer(D_MODEL, N_HEADS, D_FF, batch_first=True, norm_first=norm_first)
-    theirs = nn.TransformerDecoder(template, 3, norm=nn.LayerNorm(D_MODEL) if norm_first else None).eval()
+    template = nn.TransformerDecoderLayer(
+        D_MODEL, N_HEADS, D_FF, batch_first=True, norm_first=norm_first
+    )
+    theirs = nn.TransformerDecoder(
+        template, 3, norm=nn.LayerNorm(D_MODEL) if norm_first else None
+    ).eval()
     for mine, their_layer in zip(ours.layers, theirs.layers):
         their_layer.load_state_dict(torch_state_dict(mine))
     if norm_first:
         theirs.norm.load_state_dict(ours.norm.state_dict())
     x, memory = inputs()
     with torch.no_grad():
-        out = ours(x, memory, self_mask=target_mask(TGT, PAD), memory_mask=padding_mask(SRC, PAD))
-        ref = theirs(x, memory, tgt_mask=~causal_mask(5), tgt_key_padding_mask=TGT == PAD,
-                     memory_key_padding_mask=SRC == PAD)
+        out = ours(
+            x,
+            memory,
+            self_mask=target_mask(TGT, PAD),
+            memory_mask=padding_mask(SRC, PAD),
+        )
+        ref = theirs(
+            x,
+            memory,
+            tgt_mask=~causal_mask(5),
+            tgt_key_padding_mask=TGT == PAD,
+            memory_key_padding_mask=SRC == PAD,
+        )
     real = TGT != PAD
     torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-5)
 
 
-# --- causality and padding -----------------------------------------------------------------------
+# --- causality and padding ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -116,8 +152,15 @@ def test_causality_later_inputs_do_not_change_earlier_outputs(norm_first: bool) 
         changed = x.clone()
         changed[:, t:] = torch.randn(3, 7 - t, D_MODEL)
         with torch.no_grad():
-            a = dec(x, memory, self_mask=causal_mask(7), memory_mask=padding_mask(SRC, PAD))
-            b = dec(changed, memory, self_mask=causal_mask(7), memory_mask=padding_mask(SRC, PAD))
+            a = dec(
+                x, memory, self_mask=causal_mask(7), memory_mask=padding_mask(SRC, PAD)
+            )
+            b = dec(
+                changed,
+                memory,
+                self_mask=causal_mask(7),
+                memory_mask=padding_mask(SRC, PAD),
+            )
         torch.testing.assert_close(a[:, :t], b[:, :t], atol=1e-6, rtol=0)
         assert not torch.allclose(a[:, t:], b[:, t:], atol=1e-3)
 
@@ -127,8 +170,11 @@ def test_jacobian_is_block_lower_triangular() -> None:
     dec = Decoder(2, 8, 2, 16).double().eval()
     x = torch.randn(1, 5, 8, dtype=torch.float64)
     memory = torch.randn(1, 4, 8, dtype=torch.float64)
-    jac = torch.autograd.functional.jacobian(lambda t: dec(t, memory, self_mask=causal_mask(5)), x, vectorize=True)
-    blocks = jac[0, :, :, 0].permute(0, 2, 1, 3).flatten(2).norm(dim=-1)  # [out position, in position]
+    jac = torch.autograd.functional.jacobian(
+        lambda t: dec(t, memory, self_mask=causal_mask(5)), x, vectorize=True
+    )
+    # [out position, in position]
+    blocks = jac[0, :, :, 0].permute(0, 2, 1, 3).flatten(2).norm(dim=-1)
     future = ~causal_mask(5)
     assert blocks[future].eq(0).all()
     assert blocks[~future].gt(0).all()
@@ -159,7 +205,7 @@ def test_output_depends_on_memory_through_cross_attention() -> None:
     assert not torch.allclose(a, b, atol=1e-3)
 
 
-# --- incremental decoding ------------------------------------------------------------------------
+# --- incremental decoding -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -175,7 +221,7 @@ def test_cached_decoding_equals_full_computation(norm_first: bool) -> None:
         steps = []
         for t in range(8):
             assert cache.seq_len == t  # the positional offset of the next position
-            steps.append(dec(x[:, t:t + 1], memory, memory_mask=mask, cache=cache))
+            steps.append(dec(x[:, t : t + 1], memory, memory_mask=mask, cache=cache))
     assert cache.seq_len == 8 and cache.batch_size == 3
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     for layer_cache in cache.layers:
@@ -191,7 +237,10 @@ def test_layer_with_its_own_cache_equals_full_computation() -> None:
     with torch.no_grad():
         full = layer(x, memory, self_mask=causal_mask(5), memory_mask=mask)
         cache = DecoderLayerCache()
-        steps = [layer(x[:, t:t + 1], memory, memory_mask=mask, cache=cache) for t in range(5)]
+        steps = [
+            layer(x[:, t : t + 1], memory, memory_mask=mask, cache=cache)
+            for t in range(5)
+        ]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
@@ -204,10 +253,20 @@ def test_several_new_positions_with_a_mask() -> None:
         full = dec(x, memory, self_mask=causal_mask(7), memory_mask=mask)
         cache = dec.new_cache()
         # batch = 3 new positions: the masks need their explicit [1, 1, ...] axes
-        a = dec(x[:, :3], memory, self_mask=causal_mask(3)[None, None], memory_mask=mask,
-                cache=cache)
-        b = dec(x[:, 3:6], memory, self_mask=causal_mask(6)[-3:][None, None], memory_mask=mask,
-                cache=cache)
+        a = dec(
+            x[:, :3],
+            memory,
+            self_mask=causal_mask(3)[None, None],
+            memory_mask=mask,
+            cache=cache,
+        )
+        b = dec(
+            x[:, 3:6],
+            memory,
+            self_mask=causal_mask(6)[-3:][None, None],
+            memory_mask=mask,
+            cache=cache,
+        )
         c = dec(x[:, 6:], memory, memory_mask=mask, cache=cache)
     torch.testing.assert_close(torch.cat([a, b, c], dim=1), full, atol=1e-5, rtol=1e-5)
 
@@ -221,7 +280,7 @@ def test_cross_attention_keys_and_values_are_computed_once() -> None:
 
     def step_flops(t: int) -> int:
         with FlopCounterMode(display=False) as counter, torch.no_grad():
-            dec(x[:, t:t + 1], memory, cache=cache)
+            dec(x[:, t : t + 1], memory, cache=cache)
         return counter.get_total_flops()
 
     first = step_flops(0)
@@ -231,9 +290,10 @@ def test_cross_attention_keys_and_values_are_computed_once() -> None:
         step_flops(t)
     for lc, (k, v) in zip(cache.layers, kept):
         assert lc.cross_attn.k is k and lc.cross_attn.v is v
-    # The first step also projects the memory: 2 * 2 * batch * src_len * d * d FLOPs per layer (W^K and W^V).
-    # A single query on the CPU attends with chapter 1's products, which the counter sees: the second
-    # step's self-attention reads one cached key more, 4 * batch * d FLOPs per layer.
+    # The first step also projects the memory: 2 * 2 * batch * src_len * d * d FLOPs per
+    # layer (W^K and W^V). A single query on the CPU attends with chapter 1's products,
+    # which the counter sees: the second step's self-attention reads one cached key
+    # more, 4 * batch * d FLOPs per layer.
     batch = x.size(0)
     projection, one_key = 2 * 2 * batch * src_len * d * d, 4 * batch * d
     assert first - second == n_layers * (projection - one_key)
@@ -244,17 +304,23 @@ def test_reorder_follows_a_beam_search() -> None:
     dec = Decoder(2, D_MODEL, N_HEADS, D_FF, norm_first=True).eval()
     x, memory = inputs(tgt_len=7)
     mask = padding_mask(SRC, PAD)
-    keep = torch.tensor([2, 0, 0, 1])  # drop nothing, duplicate sequence 0, grow the batch to 4
+    # drop nothing, duplicate sequence 0, grow the batch to 4
+    keep = torch.tensor([2, 0, 0, 1])
     with torch.no_grad():
         cache = dec.new_cache()
         for t in range(3):
-            dec(x[:, t:t + 1], memory, memory_mask=mask, cache=cache)
+            dec(x[:, t : t + 1], memory, memory_mask=mask, cache=cache)
         cache.reorder(keep)
         assert cache.batch_size == 4 and cache.seq_len == 3
         xk, mk, maskk = x[keep], memory[keep], mask[keep]
-        rest = [dec(xk[:, t:t + 1], mk, memory_mask=maskk, cache=cache) for t in range(3, 7)]
+        rest = [
+            dec(xk[:, t : t + 1], mk, memory_mask=maskk, cache=cache)
+            for t in range(3, 7)
+        ]
         full = dec(xk, mk, self_mask=causal_mask(7), memory_mask=maskk)
-    torch.testing.assert_close(torch.cat(rest, dim=1), full[:, 3:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        torch.cat(rest, dim=1), full[:, 3:], atol=1e-5, rtol=1e-5
+    )
 
 
 def test_reorder_within_shared_sources_may_keep_the_cross_attention_cache() -> None:
@@ -267,13 +333,18 @@ def test_reorder_within_shared_sources_may_keep_the_cross_attention_cache() -> N
     with torch.no_grad():
         cache = dec.new_cache()
         for t in range(2):
-            dec(xr[:, t:t + 1], mr, memory_mask=maskr, cache=cache)
+            dec(xr[:, t : t + 1], mr, memory_mask=maskr, cache=cache)
         cross_before = [layer.cross_attn.k for layer in cache]
         cache.reorder(swap, cross_attention=False)
         assert all(layer.cross_attn.k is k for layer, k in zip(cache, cross_before))
-        rest = [dec(xr[swap][:, t:t + 1], mr, memory_mask=maskr, cache=cache) for t in range(2, 5)]
+        rest = [
+            dec(xr[swap][:, t : t + 1], mr, memory_mask=maskr, cache=cache)
+            for t in range(2, 5)
+        ]
         full = dec(xr[swap], mr, self_mask=causal_mask(5), memory_mask=maskr)
-    torch.testing.assert_close(torch.cat(rest, dim=1), full[:, 2:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        torch.cat(rest, dim=1), full[:, 2:], atol=1e-5, rtol=1e-5
+    )
 
 
 def test_reorder_of_an_empty_cache_and_repr() -> None:
@@ -281,10 +352,12 @@ def test_reorder_of_an_empty_cache_and_repr() -> None:
     cache.reorder(torch.tensor([0, 0]))  # nothing cached yet: nothing to do
     assert cache.seq_len == 0 and cache.batch_size is None
     assert repr(cache) == "DecoderCache(n_layers=2, seq_len=0, batch_size=None)"
-    assert isinstance(cache[0], DecoderLayerCache) and isinstance(cache[1].self_attn, KVCache)
+    assert isinstance(cache[0], DecoderLayerCache) and isinstance(
+        cache[1].self_attn, KVCache
+    )
 
 
-# --- structure and parameters --------------------------------------------------------------------
+# --- structure and parameters ---------------------------------------------------------
 
 
 def test_parameter_counts() -> None:
@@ -307,11 +380,20 @@ def test_final_norm_and_attributes() -> None:
     assert isinstance(Decoder(2, 16, 2, 32, norm_first=True).norm, nn.LayerNorm)
     assert Decoder(2, 16, 2, 32, norm_first=True, final_norm=False).norm is None
     assert isinstance(Decoder(2, 16, 2, 32, final_norm=True).norm, nn.LayerNorm)
-    dec = Decoder(2, 16, 2, 32, dropout=0.2, activation="gelu", norm_first=True, eps=1e-6)
+    dec = Decoder(
+        2, 16, 2, 32, dropout=0.2, activation="gelu", norm_first=True, eps=1e-6
+    )
     layer = dec.layers[1]
-    assert len(dec.layers) == 2 and isinstance(dec.new_cache(), DecoderCache) and len(dec.new_cache()) == 2
+    assert (
+        len(dec.layers) == 2
+        and isinstance(dec.new_cache(), DecoderCache)
+        and len(dec.new_cache()) == 2
+    )
     assert layer.ffn.activation == "gelu" and layer.self_attn.dropout == 0.2
-    assert all(r.norm_first and r.norm.eps == 1e-6 for r in (layer.res_self, layer.res_cross, layer.res_ffn))
+    assert all(
+        r.norm_first and r.norm.eps == 1e-6
+        for r in (layer.res_self, layer.res_cross, layer.res_ffn)
+    )
 
 
 def test_dropout_only_in_training() -> None:
@@ -329,9 +411,12 @@ def test_attention_weights_can_be_requested_with_a_hook() -> None:
     layer = DecoderLayer(D_MODEL, N_HEADS, D_FF).eval()
     captured = {}
     layer.cross_attn.register_forward_pre_hook(
-        lambda mod, args, kwargs: (args, {**kwargs, "need_weights": True}), with_kwargs=True
+        lambda mod, args, kwargs: (args, {**kwargs, "need_weights": True}),
+        with_kwargs=True,
     )
-    layer.cross_attn.register_forward_hook(lambda mod, args, out: captured.update(weights=out[1]))
+    layer.cross_attn.register_forward_hook(
+        lambda mod, args, out: captured.update(weights=out[1])
+    )
     x, memory = inputs()
     with torch.no_grad():
         layer(x, memory, self_mask=causal_mask(5), memory_mask=padding_mask(SRC, PAD))
@@ -345,11 +430,13 @@ def test_backward_reaches_every_parameter() -> None:
     torch.manual_seed(0)
     dec = Decoder(2, D_MODEL, N_HEADS, D_FF, norm_first=True)
     x, memory = inputs()
-    dec(x, memory, self_mask=target_mask(TGT, PAD), memory_mask=padding_mask(SRC, PAD)).sum().backward()
+    dec(
+        x, memory, self_mask=target_mask(TGT, PAD), memory_mask=padding_mask(SRC, PAD)
+    ).sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in dec.parameters())
 
 
-# --- bad input -----------------------------------------------------------------------------------
+# --- bad input ------------------------------------------------------------------------
 
 
 def _filled_cache(dec: Decoder) -> tuple[DecoderCache, torch.Tensor, torch.Tensor]:
@@ -397,25 +484,37 @@ def test_bad_input_raises_a_clear_value_error(case: str, match: str) -> None:
         "empty": lambda: dec(x[:, :0], memory),
         "batch": lambda: dec(x, memory[:2]),
         "int_mask": lambda: dec(x, memory, self_mask=causal_mask(5).long()),
-        "float_mask": lambda: dec(x, memory, self_mask=nn.Transformer.generate_square_subsequent_mask(5)),
+        "float_mask": lambda: dec(
+            x, memory, self_mask=nn.Transformer.generate_square_subsequent_mask(5)
+        ),
         "mask_shape": lambda: dec(x, memory, self_mask=causal_mask(4)),
-        "mask_3d": lambda: dec(x, memory, self_mask=causal_mask(5)[None].expand(3, 5, 5)),
-        "memory_mask_shape": lambda: dec(x, memory, memory_mask=padding_mask(SRC[:, :5], PAD)),
-        # batch == tgt_len == 3: this shape would broadcast as a [tgt_len, src_len] mask.
+        "mask_3d": lambda: dec(
+            x, memory, self_mask=causal_mask(5)[None].expand(3, 5, 5)
+        ),
+        "memory_mask_shape": lambda: dec(
+            x, memory, memory_mask=padding_mask(SRC[:, :5], PAD)
+        ),
+        # batch == tgt_len == 3: this shape would broadcast as a
+        # [tgt_len, src_len] mask.
         "torch_key_padding_mask": lambda: dec(x[:, :3], memory, memory_mask=SRC == PAD),
         "cache_type": lambda: dec(x[:, 1:2], memory, cache=KVCache()),
         "cache_layers": lambda: dec(x[:, 1:2], memory, cache=DecoderCache(3)),
         "cache_batch": lambda: dec(x[:2, 1:2], memory[:2], cache=cache),
         "cache_source": lambda: dec(x[:, 1:2], torch.randn(3, 5, D_MODEL), cache=cache),
         "cache_no_mask": lambda: dec(x[:, 1:4], memory, cache=cache),
-        "cache_mask_too_short": lambda: dec(x[:, 1:4], memory, self_mask=causal_mask(3), cache=cache),
+        "cache_mask_too_short": lambda: dec(
+            x[:, 1:4], memory, self_mask=causal_mask(3), cache=cache
+        ),
         "layer_cache_type": lambda: dec.layers[0](x[:, 1:2], memory, cache=cache),
     }
     with pytest.raises(ValueError, match=match):
         calls[case]()
     # A rejected call leaves the cache as it was.
     assert cache.seq_len == 1 and cache.batch_size == 3
-    assert all(lc.self_attn.k is k and lc.cross_attn.k is ck for lc, (k, ck) in zip(cache.layers, before))
+    assert all(
+        lc.self_attn.k is k and lc.cross_attn.k is ck
+        for lc, (k, ck) in zip(cache.layers, before)
+    )
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True])
@@ -460,9 +559,10 @@ def test_bad_reorder_index(index: object, match: str) -> None:
 
 
 def test_reorder_checks_cpu_indices_and_does_not_read_others() -> None:
-    """reorder reads the index on the CPU only: on a GPU the read would stall beam search."""
+    """reorder reads the index on the CPU only: on a GPU the read stalls beam search."""
     cache = DecoderCache(2)
-    for layer in cache.layers:  # a cache of 3 sequences on the meta device: shapes, no values
+    # a cache of 3 sequences on the meta device: shapes, no values
+    for layer in cache.layers:
         for kv in (layer.self_attn, layer.cross_attn):
             kv.k = kv.v = torch.empty(3, N_HEADS, 4, D_MODEL // N_HEADS, device="meta")
     with pytest.raises(ValueError, match="valid: 0 to 2"):

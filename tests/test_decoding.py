@@ -1,4 +1,7 @@
-"""Tests of aiayn.decoding (chapter 15): greedy search, beam search, sampling, the cache, the CLI."""
+"""Tests of aiayn.decoding (chapter 15).
+
+Greedy search, beam search, sampling, the cache and the command line.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +32,9 @@ from conftest import HANG_S  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 PAD, BOS, EOS = 0, 1, 2
 V = 20
-SRC = torch.tensor([[4, 9, 7, 3, 5, 6], [6, 8, 5, PAD, PAD, PAD], [3, 3, 9, 11, 7, PAD]])
+SRC = torch.tensor(
+    [[4, 9, 7, 3, 5, 6], [6, 8, 5, PAD, PAD, PAD], [3, 3, 9, 11, 7, PAD]]
+)
 
 
 def tiny(seed: int, **overrides) -> Transformer:
@@ -39,7 +44,7 @@ def tiny(seed: int, **overrides) -> Transformer:
 
 
 class ForcedEnd(nn.Module):
-    """A model whose sentence b writes the end token as its token number ends[b], and never before."""
+    """A model whose sentence b writes the end token as token ends[b], never before."""
 
     def __init__(self, model: Transformer, ends: Tensor) -> None:
         super().__init__()
@@ -53,18 +58,25 @@ class ForcedEnd(nn.Module):
 
     def decode(self, tgt: Tensor, memory: Tensor, src: Tensor, cache=None) -> Tensor:
         offset = cache.seq_len if cache is not None else 0
-        logits = self.model.decode(tgt, memory, src, cache=cache).clone()  # [rows, t, V]
-        ends = self.ends.repeat_interleave(tgt.size(0) // self.ends.numel())  # beams: k rows per sentence
-        position = offset + torch.arange(tgt.size(1))  # position p predicts token number p + 1
+        # [rows, t, V]
+        logits = self.model.decode(tgt, memory, src, cache=cache).clone()
+        # beams: k rows per sentence
+        ends = self.ends.repeat_interleave(tgt.size(0) // self.ends.numel())
+        # position p predicts token number p + 1
+        position = offset + torch.arange(tgt.size(1))
         here = (position[None, :] + 1) == ends[:, None]  # [rows, t]
         logits[..., EOS] = torch.where(here, torch.tensor(1e4), torch.tensor(-1e4))
         return logits
 
 
-def teacher_forced_log_p(model: Transformer, src: Tensor, result: DecodeResult) -> Tensor:
+def teacher_forced_log_p(
+    model: Transformer, src: Tensor, result: DecodeResult
+) -> Tensor:
     """log P of the result's tokens, from one teacher-forced pass: [batch]."""
     tokens = result.tokens
-    tgt_in = torch.cat([tokens.new_full((tokens.size(0), 1), BOS), tokens[:, :-1]], dim=1)
+    tgt_in = torch.cat(
+        [tokens.new_full((tokens.size(0), 1), BOS), tokens[:, :-1]], dim=1
+    )
     with torch.no_grad():
         log_p = model(src, tgt_in).log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
     real = torch.arange(tokens.size(1)) < result.lengths[:, None]
@@ -87,8 +99,9 @@ def test_greedy_cached_equals_recomputed(seed: int, norm_first: bool) -> None:
 def test_beam_cached_equals_recomputed(seed: int, beam_size: int) -> None:
     model = tiny(seed, norm_first=seed == 1)
     cached = beam_search(model, SRC, beam_size=beam_size, max_len=15, n_best=beam_size)
-    recomputed = beam_search(model, SRC, beam_size=beam_size, max_len=15, n_best=beam_size,
-                             use_cache=False)
+    recomputed = beam_search(
+        model, SRC, beam_size=beam_size, max_len=15, n_best=beam_size, use_cache=False
+    )
     assert torch.equal(cached.tokens, recomputed.tokens)
     assert torch.allclose(cached.scores, recomputed.scores, atol=1e-5)
 
@@ -102,7 +115,9 @@ def test_beam_of_one_is_greedy(seed: int, max_len: int) -> None:
     assert torch.equal(beam.tokens, greedy.tokens)
     assert torch.equal(beam.log_probs, greedy.log_probs)
     assert torch.equal(beam.finished, greedy.finished)
-    assert torch.allclose(beam.scores, greedy.log_probs / length_penalty(greedy.lengths, 0.6))
+    assert torch.allclose(
+        beam.scores, greedy.log_probs / length_penalty(greedy.lengths, 0.6)
+    )
 
 
 def test_greedy_tokens_are_argmax_and_scores_are_log_p() -> None:
@@ -114,7 +129,9 @@ def test_greedy_tokens_are_argmax_and_scores_are_log_p() -> None:
     logits[..., [PAD, BOS]] = float("-inf")  # never generated
     real = torch.arange(out.tokens.size(1)) < out.lengths[:, None]
     assert torch.equal(logits.argmax(-1)[real], out.tokens[real])
-    assert torch.allclose(teacher_forced_log_p(model, SRC, out), out.log_probs, atol=1e-5)
+    assert torch.allclose(
+        teacher_forced_log_p(model, SRC, out), out.log_probs, atol=1e-5
+    )
     assert torch.equal(out.scores, out.log_probs)
 
 
@@ -125,9 +142,16 @@ def test_beam_scores_match_teacher_forcing_and_are_sorted() -> None:
     assert bool((out.scores[:, :-1] >= out.scores[:, 1:]).all())
     assert torch.allclose(out.scores, out.log_probs / length_penalty(out.lengths, 0.6))
     for j in range(3):
-        one = DecodeResult(out.tokens[:, j], out.lengths[:, j], out.log_probs[:, j],
-                           out.scores[:, j], out.finished[:, j])
-        assert torch.allclose(teacher_forced_log_p(model, SRC, one), one.log_probs, atol=1e-5)
+        one = DecodeResult(
+            out.tokens[:, j],
+            out.lengths[:, j],
+            out.log_probs[:, j],
+            out.scores[:, j],
+            out.finished[:, j],
+        )
+        assert torch.allclose(
+            teacher_forced_log_p(model, SRC, one), one.log_probs, atol=1e-5
+        )
     best = beam_search(model, SRC, beam_size=3, max_len=8)
     assert torch.equal(best.scores, out.scores[:, 0])
 
@@ -136,10 +160,17 @@ def test_beam_scores_match_teacher_forcing_and_are_sorted() -> None:
 def test_each_sentence_stops_at_its_end_token(use_cache: bool) -> None:
     ends = torch.tensor([3, 7, 1])
     model = ForcedEnd(tiny(0), ends)
-    for out in (greedy_search(model, SRC, max_len=12, use_cache=use_cache),
-                beam_search(model, SRC, beam_size=3, max_len=12, use_cache=use_cache),
-                sample(model, SRC, generator=torch.Generator().manual_seed(0), max_len=12,
-                       use_cache=use_cache)):
+    for out in (
+        greedy_search(model, SRC, max_len=12, use_cache=use_cache),
+        beam_search(model, SRC, beam_size=3, max_len=12, use_cache=use_cache),
+        sample(
+            model,
+            SRC,
+            generator=torch.Generator().manual_seed(0),
+            max_len=12,
+            use_cache=use_cache,
+        ),
+    ):
         assert out.lengths.tolist() == ends.tolist()
         assert out.finished.all()
         assert out.tokens.shape == (3, 7)
@@ -147,7 +178,7 @@ def test_each_sentence_stops_at_its_end_token(use_cache: bool) -> None:
             assert out.tokens[b, n - 1] == EOS
             assert bool((out.tokens[b, : n - 1] != EOS).all())
             assert bool((out.tokens[b, n:] == PAD).all())  # padding after the end
-            assert bool((out.tokens[b, : n] != PAD).all())
+            assert bool((out.tokens[b, :n] != PAD).all())
 
 
 def test_pad_and_start_token_are_never_generated() -> None:
@@ -155,9 +186,11 @@ def test_pad_and_start_token_are_never_generated() -> None:
     with torch.no_grad():
         first = model.decode(torch.full((3, 1), BOS), model.encode(SRC), SRC)[:, -1]
     assert (first.argmax(-1) == BOS).any()
-    for out in (greedy_search(model, SRC, max_len=10),
-                beam_search(model, SRC, max_len=10, n_best=4),
-                sample(model, SRC, temperature=3.0, generator=torch.Generator().manual_seed(0))):
+    for out in (
+        greedy_search(model, SRC, max_len=10),
+        beam_search(model, SRC, max_len=10, n_best=4),
+        sample(model, SRC, temperature=3.0, generator=torch.Generator().manual_seed(0)),
+    ):
         real = out.tokens[out.tokens != PAD]
         assert not bool((real == BOS).any())
         assert int((out.tokens != PAD).sum()) == int(out.lengths.sum())
@@ -181,9 +214,11 @@ def test_max_len_is_capped_by_the_positional_table() -> None:
 
 
 def test_min_len_delays_the_end_token() -> None:
-    model = ForcedEnd(tiny(0), torch.tensor([3, 6, 9]))  # the end token at token 3, 6, 9
+    # the end token at token 3, 6, 9
+    model = ForcedEnd(tiny(0), torch.tensor([3, 6, 9]))
     out = greedy_search(model, SRC, min_len=5, max_len=8)
-    assert out.lengths.tolist() == [8, 6, 8]  # 3 is too early, 6 is allowed, 9 is too late
+    # 3 is too early, 6 is allowed, 9 is too late
+    assert out.lengths.tolist() == [8, 6, 8]
     assert out.finished.tolist() == [False, True, False]
 
 
@@ -209,15 +244,31 @@ def test_sampling_is_reproducible_and_its_limits_are_greedy() -> None:
     greedy = greedy_search(model, SRC, max_len=12)
 
     def run(seed: int, **kw) -> DecodeResult:
-        return sample(model, SRC, generator=torch.Generator().manual_seed(seed), max_len=12, **kw)
+        return sample(
+            model, SRC, generator=torch.Generator().manual_seed(seed), max_len=12, **kw
+        )
 
     assert torch.equal(run(1).tokens, run(1).tokens)
-    assert not torch.equal(run(1, temperature=2.0).tokens, run(2, temperature=2.0).tokens)
-    for out in (run(3, temperature=1e-4), run(4, top_k=1), run(5, temperature=5.0, top_k=1)):
+    assert not torch.equal(
+        run(1, temperature=2.0).tokens, run(2, temperature=2.0).tokens
+    )
+    for out in (
+        run(3, temperature=1e-4),
+        run(4, top_k=1),
+        run(5, temperature=5.0, top_k=1),
+    ):
         assert torch.equal(out.tokens, greedy.tokens)
         assert torch.allclose(out.log_probs, greedy.log_probs, atol=1e-6)
-    cached, recomputed = run(6), sample(model, SRC, generator=torch.Generator().manual_seed(6),
-                                        max_len=12, use_cache=False)
+    cached, recomputed = (
+        run(6),
+        sample(
+            model,
+            SRC,
+            generator=torch.Generator().manual_seed(6),
+            max_len=12,
+            use_cache=False,
+        ),
+    )
     assert torch.equal(cached.tokens, recomputed.tokens)
 
 
@@ -232,8 +283,12 @@ def test_sampling_probs() -> None:
     kept = logits.topk(5, dim=-1).indices
     assert torch.allclose(top.gather(-1, kept), logits.gather(-1, kept).softmax(-1))
     assert torch.equal(sampling_probs(logits, 1.0, top_k=30), p)
-    assert torch.allclose(sampling_probs(logits, 1e4), torch.full((4, 30), 1 / 30), atol=1e-3)
-    draws = torch.multinomial(p[0].expand(40_000, -1), 1, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(
+        sampling_probs(logits, 1e4), torch.full((4, 30), 1 / 30), atol=1e-3
+    )
+    draws = torch.multinomial(
+        p[0].expand(40_000, -1), 1, generator=torch.Generator().manual_seed(0)
+    )
     frequency = torch.bincount(draws[:, 0], minlength=30) / 40_000
     assert (frequency - p[0]).abs().max() < 0.01
 
@@ -258,7 +313,10 @@ def test_model_mode_is_restored() -> None:
         (lambda m: sample(m, SRC, top_k=0), "top_k"),
         (lambda m: sampling_probs(torch.zeros(3), temperature=0), "temperature"),
         (lambda m: greedy_search(m, SRC[:, :0]), "empty"),
-        (lambda m: greedy_search(m, torch.zeros(2, 4, dtype=torch.long)), "only padding"),
+        (
+            lambda m: greedy_search(m, torch.zeros(2, 4, dtype=torch.long)),
+            "only padding",
+        ),
         (lambda m: greedy_search(m, SRC[0]), r"\[batch, src_len\]"),
         (lambda m: greedy_search(m, SRC.float()), "integer"),
         (lambda m: greedy_search(m, SRC, max_len=0), "max_len"),
@@ -272,14 +330,23 @@ def test_bad_input_is_a_clear_value_error(call, message: str) -> None:
 
 @pytest.fixture(scope="module")
 def briefly_trained() -> Transformer:
-    """A tiny model after 60 steps of the copy task: not accurate, but it never proposes pad or <s>."""
-    from aiayn.train import TrainConfig, Trainer, encode_pairs, make_loader, synthetic_pairs, synthetic_tokenizer
+    """A tiny model after 60 copy-task steps: inaccurate, never proposing pad or <s>."""
+    from aiayn.train import (
+        TrainConfig,
+        Trainer,
+        encode_pairs,
+        make_loader,
+        synthetic_pairs,
+        synthetic_tokenizer,
+    )
 
     tokenizer = synthetic_tokenizer(10)
     pairs = encode_pairs(tokenizer, synthetic_pairs("copy", 2000, 10, 1, 8, seed=1))
     torch.manual_seed(0)
     model = Transformer(TransformerConfig.tiny(tokenizer.vocab_size, max_len=30))
-    config = TrainConfig(steps=60, warmup=20, factor=0.5, log_every=0, device="cpu", progress=False)
+    config = TrainConfig(
+        steps=60, warmup=20, factor=0.5, log_every=0, device="cpu", progress=False
+    )
     Trainer(model, config, make_loader(pairs, tokenizer, 512), log=None).fit()
     return model.eval()
 
@@ -287,31 +354,53 @@ def briefly_trained() -> Transformer:
 def test_greedy_equals_chapter_13_reference(briefly_trained: Transformer) -> None:
     from aiayn.train import greedy_decode
 
-    src = torch.tensor([[4, 9, 7, 3, 5, 6, 8, 11], [6, 8, 5, 12, PAD, PAD, PAD, PAD],
-                        [13, 13, 9, 11, 7, PAD, PAD, PAD]])
+    src = torch.tensor(
+        [
+            [4, 9, 7, 3, 5, 6, 8, 11],
+            [6, 8, 5, 12, PAD, PAD, PAD, PAD],
+            [13, 13, 9, 11, 7, PAD, PAD, PAD],
+        ]
+    )
     for max_len in (3, 12, 25):
         reference = greedy_decode(briefly_trained, src, max_len=max_len)
         for use_cache in (True, False):
-            ours = greedy_search(briefly_trained, src, max_len=max_len, use_cache=use_cache)
+            ours = greedy_search(
+                briefly_trained, src, max_len=max_len, use_cache=use_cache
+            )
             assert torch.equal(ours.tokens, reference)
         beam = beam_search(briefly_trained, src, beam_size=1, max_len=max_len)
         assert torch.equal(beam.tokens, reference)
 
 
 def run_aiayn(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """`python -m aiayn ARGS` in a subprocess that imports the package from this tree."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "aiayn", *args], input=stdin, capture_output=True,
-                          text=True, env=env, timeout=HANG_S)
+    """`python -m aiayn ARGS` in a subprocess importing the package from this tree."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "aiayn", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=HANG_S,
+    )
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint written by `python -m aiayn train --task copy --steps 30`."""
     directory = tmp_path_factory.mktemp("copy")
-    done = run_aiayn("train", "--task", "copy", "--steps", "30", "--checkpoint-dir", str(directory),
-                     "--device", "cpu", "--no-progress")
+    done = run_aiayn(
+        *"train --task copy --steps 30".split(),
+        "--checkpoint-dir",
+        str(directory),
+        "--device",
+        "cpu",
+        "--no-progress",
+    )
     assert done.returncode == 0, done.stderr
     assert (directory / "last.pt").is_file()
     return directory / "last.pt"
@@ -326,28 +415,55 @@ def assert_valid_lines(stdout: str, n_inputs: int) -> None:
 
 
 def test_translate_cli(checkpoint: Path) -> None:
-    done = run_aiayn("translate", "--checkpoint", str(checkpoint), "3 1 4 1 5", "2 7", "9")
+    done = run_aiayn(
+        "translate", "--checkpoint", str(checkpoint), "3 1 4 1 5", "2 7", "9"
+    )
     assert done.returncode == 0, done.stderr
     assert_valid_lines(done.stdout, 3)
-    for options in (["--greedy"], ["--sample", "--temperature", "0.7", "--top-k", "3", "--seed", "1"],
-                    ["--beam-size", "2", "--alpha", "0.0", "--max-len", "6"]):
-        done = run_aiayn("translate", "--checkpoint", str(checkpoint.parent), *options,
-                         stdin="1 2 3\n\n4 5 6 7\n")  # a directory: its last.pt; lines from stdin
+    for options in (
+        ["--greedy"],
+        ["--sample", "--temperature", "0.7", "--top-k", "3", "--seed", "1"],
+        ["--beam-size", "2", "--alpha", "0.0", "--max-len", "6"],
+    ):
+        done = run_aiayn(
+            "translate",
+            "--checkpoint",
+            str(checkpoint.parent),
+            *options,
+            # a directory: its last.pt; lines from stdin
+            stdin="1 2 3\n\n4 5 6 7\n",
+        )
         assert done.returncode == 0, done.stderr
         assert_valid_lines(done.stdout, 3)
         assert done.stdout.split("\n")[1] == ""  # the empty line stays empty
 
 
 def test_translate_cli_errors(checkpoint: Path, tmp_path: Path) -> None:
-    missing = run_aiayn("translate", "--checkpoint", str(tmp_path / "nothing.pt"), "1 2")
-    assert missing.returncode == 2 and "no checkpoint file" in missing.stderr and missing.stdout == ""
+    missing = run_aiayn(
+        "translate", "--checkpoint", str(tmp_path / "nothing.pt"), "1 2"
+    )
+    assert (
+        missing.returncode == 2
+        and "no checkpoint file" in missing.stderr
+        and missing.stdout == ""
+    )
     empty = run_aiayn("translate", "--checkpoint", str(checkpoint), stdin="\n  \n")
     assert empty.returncode == 2 and "nothing to translate" in empty.stderr
-    bad = run_aiayn("translate", "--checkpoint", str(checkpoint), "--beam-size", "0", "1 2")
-    assert bad.returncode == 2 and "--beam-size" in bad.stderr and bad.stderr.count("\n") == 1
-    device = run_aiayn("translate", "--checkpoint", str(checkpoint), "--device", "gpu0", "1 2")
+    bad = run_aiayn(
+        "translate", "--checkpoint", str(checkpoint), "--beam-size", "0", "1 2"
+    )
+    assert (
+        bad.returncode == 2
+        and "--beam-size" in bad.stderr
+        and bad.stderr.count("\n") == 1
+    )
+    device = run_aiayn(
+        "translate", "--checkpoint", str(checkpoint), "--device", "gpu0", "1 2"
+    )
     assert device.returncode == 2 and "unknown device 'gpu0'" in device.stderr
-    both = run_aiayn("translate", "--checkpoint", str(checkpoint), "--greedy", "--sample", "1 2")
+    both = run_aiayn(
+        "translate", "--checkpoint", str(checkpoint), "--greedy", "--sample", "1 2"
+    )
     assert both.returncode == 2 and "not allowed with" in both.stderr
     helped = run_aiayn("translate", "--help")
     assert helped.returncode == 0 and "--beam-size" in helped.stdout
@@ -355,10 +471,15 @@ def test_translate_cli_errors(checkpoint: Path, tmp_path: Path) -> None:
     assert "translate" in listed.stdout
 
 
-# --- temperature and alpha: finite, in a range -----------------------------------------------
+# --- temperature and alpha: finite, in a range ----------------------------------------
 
-@pytest.mark.parametrize("temperature", [math.inf, 1e-300, 1e-5, 1e5, math.nan, -math.inf])
-def test_temperatures_out_of_range_are_refused_before_sampling(temperature: float) -> None:
+
+@pytest.mark.parametrize(
+    "temperature", [math.inf, 1e-300, 1e-5, 1e5, math.nan, -math.inf]
+)
+def test_temperatures_out_of_range_are_refused_before_sampling(
+    temperature: float,
+) -> None:
     with pytest.raises(ValueError, match="temperature"):
         sampling_probs(torch.zeros(2, V), temperature)
     with pytest.raises(ValueError, match="temperature") as refused:
@@ -371,8 +492,13 @@ def test_temperatures_at_the_ends_of_the_range_sample() -> None:
     from aiayn.decoding import MAX_TEMPERATURE, MIN_TEMPERATURE
 
     for temperature in (MIN_TEMPERATURE, MAX_TEMPERATURE):
-        out = sample(tiny(0), SRC, temperature=temperature, max_len=4,
-                     generator=torch.Generator().manual_seed(0))
+        out = sample(
+            tiny(0),
+            SRC,
+            temperature=temperature,
+            max_len=4,
+            generator=torch.Generator().manual_seed(0),
+        )
         assert out.tokens.shape[0] == 3 and bool(torch.isfinite(out.log_probs).all())
 
 
@@ -384,30 +510,37 @@ def test_alpha_must_be_finite_and_in_range(alpha: float) -> None:
         length_penalty(3, alpha)
 
 
-# --- the stop check: no read of the device at every step ------------------------------------
+# --- the stop check: no read of the device at every step ------------------------------
+
 
 class BoolReads(TorchDispatchMode):
-    """Counts the reads of a boolean scalar from a tensor, as bool(t.all()) or bool(t.any()) do."""
+    """Counts reads of a tensor's boolean scalar, as bool(t.all()), bool(t.any()) do."""
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default and args[0].dtype == torch.bool:
+        if (
+            func is torch.ops.aten._local_scalar_dense.default
+            and args[0].dtype == torch.bool
+        ):
             self.count += 1
         return func(*args, **(kwargs or {}))
 
 
-def test_decoding_loops_read_their_stop_flags_every_8_steps_off_the_cpu(monkeypatch) -> None:
-    """With the accelerator's interval, far fewer reads and exactly the per-step results."""
+def test_decoding_loops_read_their_stop_flags_every_8_steps_off_the_cpu(
+    monkeypatch,
+) -> None:
+    """With the accelerator's interval: far fewer reads, the same per-step results."""
     import aiayn.decoding as decoding
 
     model = ForcedEnd(tiny(0), torch.tensor([5, 41, 23]))  # sentence 1 ends at step 41
     runs = {
         "greedy": lambda: greedy_search(model, SRC, max_len=48),
-        "sample": lambda: sample(model, SRC, max_len=48,
-                                 generator=torch.Generator().manual_seed(0)),
+        "sample": lambda: sample(
+            model, SRC, max_len=48, generator=torch.Generator().manual_seed(0)
+        ),
         "beam": lambda: beam_search(model, SRC, beam_size=3, max_len=48, n_best=2),
     }
     per_step, reads = {}, {}
@@ -429,20 +562,27 @@ def test_decoding_loops_read_their_stop_flags_every_8_steps_off_the_cpu(monkeypa
 
 
 def test_allowed_copies_nothing_to_the_device(monkeypatch) -> None:
-    """The banned tokens are filled column by column: no index tensor is made at each step."""
+    """The banned tokens are filled column by column: no index tensor at each step."""
     from aiayn.decoding import _allowed
 
     model, logits, made = tiny(0), torch.zeros(2, V), []
     real_tensor = torch.tensor
-    monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or real_tensor(*a, **k))
+    monkeypatch.setattr(
+        torch, "tensor", lambda *a, **k: made.append(a) or real_tensor(*a, **k)
+    )
     out = _allowed(logits, model, 0, 2)
-    assert made == [] and bool(torch.isinf(out[:, [PAD, BOS, EOS]]).all()) and (logits == 0).all()
+    assert (
+        made == []
+        and bool(torch.isinf(out[:, [PAD, BOS, EOS]]).all())
+        and (logits == 0).all()
+    )
 
 
-# --- translate and the command line: over-long inputs, lines of stdin, bad options ----------
+# --- translate and the command line: over-long inputs, lines of stdin, bad options ----
+
 
 class Characters:
-    """One id per character ('a' is 3, 'b' is 4, ...): enough of chapter 11's protocol."""
+    """One id per character ('a' is 3, 'b' is 4, ...): enough of chapter 11's API."""
 
     def encode(self, text: str) -> list[int]:
         return [3 + (ord(ch) - ord("a")) % (V - 3) for ch in text if ch != " "]
@@ -460,95 +600,174 @@ def test_translate_refuses_over_long_texts_before_decoding(monkeypatch) -> None:
     listed = r"2 input\(s\).*texts\[1\] \(13 tokens\), texts\[3\] \(20 tokens\)"
     with pytest.raises(ValueError, match=listed):
         decoding.translate(model, Characters(), texts)
-    assert "max_len=12" in str(pytest.raises(ValueError, decoding.translate, model, Characters(),
-                                             texts).value)
+    assert "max_len=12" in str(
+        pytest.raises(ValueError, decoding.translate, model, Characters(), texts).value
+    )
 
 
 def test_translate_cli_lines_end_only_at_newlines(checkpoint: Path) -> None:
     stdin = "1 2\x0c3\n4\x1c5\r\n6\u20287\n\n8 9"  # \f, \x1c and U+2028 inside lines
-    done = run_aiayn("translate", "--checkpoint", str(checkpoint), "--greedy", stdin=stdin)
+    done = run_aiayn(
+        "translate", "--checkpoint", str(checkpoint), "--greedy", stdin=stdin
+    )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split("\n")) == 5 + 1  # five input lines, five output lines
     assert done.stdout.split("\n")[3] == ""  # the empty fourth line stays empty
 
 
-def test_translate_cli_translates_every_line_that_fits_and_names_the_others(checkpoint: Path) -> None:
+def test_translate_cli_translates_every_line_that_fits_and_names_the_others(
+    checkpoint: Path,
+) -> None:
     from aiayn.batching import load_checkpoint_model
 
     limit = load_checkpoint_model(checkpoint)[0].config.max_len
     long_line = " ".join(["3"] * (limit + 2))
     stdin = "\n".join(["1 2", long_line, "4 5", long_line + " 6"]) + "\n"
-    done = run_aiayn("translate", "--checkpoint", str(checkpoint), "--greedy", stdin=stdin)
+    done = run_aiayn(
+        "translate", "--checkpoint", str(checkpoint), "--greedy", stdin=stdin
+    )
     assert done.returncode == 1
     lines = done.stdout.split("\n")
-    assert len(lines) == 4 + 1 and lines[1] == lines[3] == "" and lines[0] and lines[2], done.stdout
+    assert (
+        len(lines) == 4 + 1 and lines[1] == lines[3] == "" and lines[0] and lines[2]
+    ), done.stdout
     errors = done.stderr.strip().splitlines()
-    assert errors[0] == (f"error: line 2: {limit + 2} tokens, more than the model's positional table "
-                         f"holds (max_len={limit}); shorten or split it")
+    assert errors[0] == (
+        f"error: line 2: {limit + 2} tokens, more than the model's positional table "
+        f"holds (max_len={limit}); shorten or split it"
+    )
     assert errors[1].startswith(f"error: line 4: {limit + 3} tokens")
-    assert errors[2] == "error: 2 of 4 lines not translated; their output lines are empty."
+    assert (
+        errors[2] == "error: 2 of 4 lines not translated; their output lines are empty."
+    )
 
 
-def test_translate_cli_names_a_line_that_is_not_utf8_and_translates_the_rest(checkpoint: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "LC_ALL": "C.UTF-8",
-           "PYTHONUTF8": "0"}
-    done = subprocess.run([sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(checkpoint),
-                           "--greedy"], input="1 2\n3 \xe4 4\n5 6\n".encode("latin-1"),
-                          capture_output=True, env=env, timeout=HANG_S)
+def test_translate_cli_names_a_line_that_is_not_utf8_and_translates_the_rest(
+    checkpoint: Path,
+) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "OMP_NUM_THREADS": "1",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONUTF8": "0",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aiayn",
+            "translate",
+            "--checkpoint",
+            str(checkpoint),
+            "--greedy",
+        ],
+        input="1 2\n3 \xe4 4\n5 6\n".encode("latin-1"),
+        capture_output=True,
+        env=env,
+        timeout=HANG_S,
+    )
     assert done.returncode == 1, done.stderr
     lines = done.stdout.decode().split("\n")
     assert len(lines) == 3 + 1 and lines[1] == "" and lines[0] and lines[2]
     assert done.stderr.decode().splitlines()[0] == (
-        "error: line 2: not UTF-8 (byte 0xe4 at byte 3); convert it, e.g. with iconv -f latin1 -t utf-8")
+        "error: line 2: not UTF-8 (byte 0xe4 at byte 3); "
+        "convert it, e.g. with iconv -f latin1 -t utf-8"
+    )
 
 
-def test_translate_cli_at_a_terminal_says_it_reads_standard_input(checkpoint: Path) -> None:
+def test_translate_cli_at_a_terminal_says_it_reads_standard_input(
+    checkpoint: Path,
+) -> None:
     import pty
 
     leader, follower = pty.openpty()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    run = subprocess.Popen([sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(checkpoint),
-                            "--greedy"], stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           env=env)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aiayn",
+            "translate",
+            "--checkpoint",
+            str(checkpoint),
+            "--greedy",
+        ],
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     os.close(follower)
     os.write(leader, b"1 2 3\n\x04")  # a line, then Ctrl-D
     out, err = run.communicate(timeout=HANG_S)
     os.close(leader)
     assert run.returncode == 0, err
-    assert err.decode().startswith("reading the texts from standard input, one per line; end with Ctrl-D")
+    assert err.decode().startswith(
+        "reading the texts from standard input, one per line; end with Ctrl-D"
+    )
     assert len(out.decode().splitlines()) == 1
 
 
-def test_translate_and_bleu_use_one_cpu_thread_unless_told(checkpoint: Path, monkeypatch, capsys) -> None:
+def test_translate_and_bleu_use_one_cpu_thread_unless_told(
+    checkpoint: Path, monkeypatch, capsys
+) -> None:
     from aiayn import cli
 
     calls = []
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
-    assert cli.translate_main(["--checkpoint", str(checkpoint), "--device", "cpu", "1 2"]) == 0
-    assert cli.translate_main(["--checkpoint", str(checkpoint), "--device", "cpu", "--threads", "2", "1"]) == 0
+    assert (
+        cli.translate_main(["--checkpoint", str(checkpoint), "--device", "cpu", "1 2"])
+        == 0
+    )
+    assert (
+        cli.translate_main(
+            ["--checkpoint", str(checkpoint), "--device", "cpu", "--threads", "2", "1"]
+        )
+        == 0
+    )
     assert calls[0] == 1 and calls[2] == 2  # each followed by the number it found
     help_text = run_aiayn("bleu", "--help").stdout
     assert "--threads" in help_text and "--pretrained" in help_text
 
 
-def test_translate_cli_refuses_non_finite_temperature_and_alpha(checkpoint: Path) -> None:
-    for options in (["--sample", "--temperature", "inf"], ["--sample", "--temperature", "1e-300"],
-                    ["--alpha", "inf"], ["--alpha", "nan"]):
-        done = run_aiayn("translate", "--checkpoint", str(checkpoint), *options, "1 2 3")
+def test_translate_cli_refuses_non_finite_temperature_and_alpha(
+    checkpoint: Path,
+) -> None:
+    for options in (
+        ["--sample", "--temperature", "inf"],
+        ["--sample", "--temperature", "1e-300"],
+        ["--alpha", "inf"],
+        ["--alpha", "nan"],
+    ):
+        done = run_aiayn(
+            "translate", "--checkpoint", str(checkpoint), *options, "1 2 3"
+        )
         assert done.returncode == 2 and done.stdout == "", (options, done.stderr)
         assert "error: " in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.count("\n") == 1, done.stderr
 
 
-def test_sampling_never_calls_multinomial_which_reads_the_device_from_the_host(monkeypatch) -> None:
-    """torch.multinomial checks its input on the host: on a GPU, a wait at every token."""
+def test_sampling_never_calls_multinomial_which_reads_the_device_from_the_host(
+    monkeypatch,
+) -> None:
+    """torch.multinomial checks its input on the host: on a GPU, a wait per token."""
     from aiayn.decoding import sample
 
-    monkeypatch.setattr(torch, "multinomial", lambda *a, **k: pytest.fail("multinomial called"))
+    monkeypatch.setattr(
+        torch, "multinomial", lambda *a, **k: pytest.fail("multinomial called")
+    )
     torch.manual_seed(0)
     model = Transformer(TransformerConfig.tiny(20, max_len=16)).eval()
     src = torch.randint(4, 20, (3, 5))
-    out = sample(model, src, temperature=0.8, top_k=5, generator=torch.Generator().manual_seed(1), max_len=6)
+    out = sample(
+        model,
+        src,
+        temperature=0.8,
+        top_k=5,
+        generator=torch.Generator().manual_seed(1),
+        max_len=6,
+    )
     assert out.tokens.shape[0] == 3
 
 
@@ -574,15 +793,17 @@ def test_draw_samples_with_the_given_probabilities() -> None:
 
 
 def test_translate_refuses_a_model_whose_weights_hold_nan(checkpoint: Path) -> None:
-    """Such a model translates everything to one repeated token: refuse, naming the tensors."""
+    """Such a model translates all to one repeated token: refuse, naming the tensors."""
+    from aiayn.batching import load_checkpoint_model
     from aiayn.decoding import translate
     from aiayn.model import content_hash
-    from aiayn.batching import load_checkpoint_model
 
     model, tokenizer = load_checkpoint_model(checkpoint)
     with torch.no_grad():
         model.encoder.layers[0].ffn.w_1.weight[0, 0] = float("nan")
-    with pytest.raises(ValueError, match=r"weights hold NaN or inf \(encoder.layers.0.ffn.w_1.weight\)"):
+    with pytest.raises(
+        ValueError, match=r"weights hold NaN or inf \(encoder.layers.0.ffn.w_1.weight\)"
+    ):
         translate(model, tokenizer, ["1 2 3"])
     # a file written by an older version, which did not refuse such weights
     saved = torch.load(checkpoint, weights_only=True)
@@ -593,20 +814,29 @@ def test_translate_refuses_a_model_whose_weights_hold_nan(checkpoint: Path) -> N
     for command in (["--greedy"], ["--sample"], []):
         done = run_aiayn("translate", "--checkpoint", str(broken), *command, "1 2 3")
         assert done.returncode == 2 and done.stdout == "", done.stderr
-        assert done.stderr.startswith("error: the model's weights hold NaN or inf"), done.stderr
+        said = "error: the model's weights hold NaN or inf"
+        assert done.stderr.startswith(said), done.stderr
 
 
-def test_translate_takes_any_iterable_and_names_a_missing_tokenizer_and_unreadable_texts(checkpoint: Path) -> None:
-    from aiayn.decoding import translate
+def test_translate_takes_any_iterable_names_a_missing_tokenizer_and_unreadable_texts(
+    checkpoint: Path,
+) -> None:
     from aiayn.batching import load_checkpoint_model
+    from aiayn.decoding import translate
 
     model, tokenizer = load_checkpoint_model(checkpoint)
-    assert translate(model, tokenizer, (t for t in ["1 2", "3"]), method="greedy") == \
-        translate(model, tokenizer, ["1 2", "3"], method="greedy")
-    with pytest.raises(ValueError, match=r"translate needs a tokenizer with encode and decode \(chapter 11\), "
-                                         r"got None; a checkpoint written by Transformer.save holds none"):
+    assert translate(
+        model, tokenizer, (t for t in ["1 2", "3"]), method="greedy"
+    ) == translate(model, tokenizer, ["1 2", "3"], method="greedy")
+    with pytest.raises(
+        ValueError,
+        match=r"translate needs a tokenizer with encode and decode \(chapter 11\), "
+        r"got None; a checkpoint written by Transformer.save holds none",
+    ):
         translate(model, None, ["1 2"])
     with pytest.raises(ValueError, match=r"texts must be strings; texts\[1\] is not"):
         translate(model, tokenizer, ["1 2", 3])
-    with pytest.warns(UserWarning, match=r"1 text\(s\) are mostly unknown tokens .*texts\[1\] first"):
+    with pytest.warns(
+        UserWarning, match=r"1 text\(s\) are mostly unknown tokens .*texts\[1\] first"
+    ):
         translate(model, tokenizer, ["1 2", "Zwei Hunde"], method="greedy")

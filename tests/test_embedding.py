@@ -1,4 +1,4 @@
-"""Tests of aiayn.embedding (chapter 5): token embeddings, the prediction head and weight sharing."""
+"""Tests of aiayn.embedding (chapter 5): embeddings, prediction head, weight sharing."""
 
 from __future__ import annotations
 
@@ -13,23 +13,29 @@ from torch import nn
 from aiayn.embedding import PredictionHead, TokenEmbedding, tie_weights
 
 
-def shared_model(vocab_size: int = 50, d_model: int = 16, pad_id: int | None = 0) -> nn.ModuleDict:
+def shared_model(
+    vocab_size: int = 50, d_model: int = 16, pad_id: int | None = 0
+) -> nn.ModuleDict:
     """Source and target embeddings and a head sharing one matrix."""
     torch.manual_seed(0)
-    model = nn.ModuleDict({
-        "src_embed": TokenEmbedding(vocab_size, d_model, pad_id=pad_id),
-        "tgt_embed": TokenEmbedding(vocab_size, d_model, pad_id=pad_id),
-        "head": PredictionHead(d_model, vocab_size),
-    })
+    model = nn.ModuleDict(
+        {
+            "src_embed": TokenEmbedding(vocab_size, d_model, pad_id=pad_id),
+            "tgt_embed": TokenEmbedding(vocab_size, d_model, pad_id=pad_id),
+            "head": PredictionHead(d_model, vocab_size),
+        }
+    )
     tie_weights(model["head"], model["src_embed"], model["tgt_embed"])
     return model
 
 
 def is_shared(model: nn.ModuleDict) -> bool:
-    return model["src_embed"].weight is model["tgt_embed"].weight is model["head"].weight
+    return (
+        model["src_embed"].weight is model["tgt_embed"].weight is model["head"].weight
+    )
 
 
-# --- TokenEmbedding ---------------------------------------------------------------------------
+# --- TokenEmbedding -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("d_model", [1, 16, 512])
@@ -42,7 +48,9 @@ def test_embedding_is_the_row_times_sqrt_d_model_exactly(d_model: int) -> None:
     assert embed.scale == math.sqrt(d_model)
     assert torch.equal(out, embed.weight[tokens] * math.sqrt(d_model))
     # Independently of the module: row t of the table, looked up by hand.
-    manual = torch.stack([torch.stack([embed.weight[t] for t in row]) for row in tokens.tolist()])
+    manual = torch.stack(
+        [torch.stack([embed.weight[t] for t in row]) for row in tokens.tolist()]
+    )
     assert torch.allclose(out, manual * math.sqrt(d_model), rtol=0, atol=0)
 
 
@@ -64,7 +72,8 @@ def test_pad_row_is_zero_and_gets_no_gradient() -> None:
     (out * torch.randn_like(out)).sum().backward()
     grad = embed.weight.grad
     assert torch.equal(grad[3], torch.zeros(8))
-    assert (grad[[1, 2, 5]].abs().sum(-1) > 0).all()  # the real tokens' rows do get gradient
+    # the real tokens' rows do get gradient
+    assert (grad[[1, 2, 5]].abs().sum(-1) > 0).all()
     assert torch.equal(grad[[0, 4, 6]], torch.zeros(3, 8))  # unused rows get none
 
 
@@ -108,7 +117,9 @@ def test_integer_dtypes_are_accepted(dtype: torch.dtype) -> None:
     assert torch.equal(embed(tokens.to(dtype)), embed(tokens))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bool])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.float64, torch.bool]
+)
 def test_non_integer_tokens_are_rejected(dtype: torch.dtype) -> None:
     embed = TokenEmbedding(50, 8)
     with pytest.raises(ValueError, match=rf"dtype {dtype}.*tokens\.long\(\)"):
@@ -119,7 +130,9 @@ def test_non_integer_tokens_are_rejected(dtype: torch.dtype) -> None:
     ("ids", "low", "high"),
     [([[1, 2, 50]], 1, 50), ([[0, -1, 3]], -1, 3), ([[-100, 7], [2, 99]], -100, 99)],
 )
-def test_out_of_range_ids_are_rejected_with_their_min_and_max(ids, low: int, high: int) -> None:
+def test_out_of_range_ids_are_rejected_with_their_min_and_max(
+    ids, low: int, high: int
+) -> None:
     embed = TokenEmbedding(50, 8)
     with pytest.raises(ValueError, match=rf"\[0, 50\), got ids from {low} to {high}"):
         embed(torch.tensor(ids))
@@ -152,8 +165,13 @@ def test_empty_batch_is_allowed() -> None:
     assert out.shape == (0, 5, 8)
 
 
-@pytest.mark.parametrize(("vocab_size", "d_model", "pad_id"), [(0, 8, None), (10, 0, None), (10, 8, 10), (10, 8, -1)])
-def test_bad_constructor_arguments(vocab_size: int, d_model: int, pad_id: int | None) -> None:
+@pytest.mark.parametrize(
+    ("vocab_size", "d_model", "pad_id"),
+    [(0, 8, None), (10, 0, None), (10, 8, 10), (10, 8, -1)],
+)
+def test_bad_constructor_arguments(
+    vocab_size: int, d_model: int, pad_id: int | None
+) -> None:
     with pytest.raises(ValueError):
         TokenEmbedding(vocab_size, d_model, pad_id=pad_id)
 
@@ -164,7 +182,7 @@ def test_half_precision_embedding() -> None:
     assert out.dtype == torch.bfloat16
 
 
-# --- PredictionHead -------------------------------------------------------------------------
+# --- PredictionHead -------------------------------------------------------------------
 
 
 def test_head_shapes_and_formula() -> None:
@@ -212,7 +230,7 @@ def test_head_rejects_wrong_width_and_integer_input() -> None:
         head(torch.ones(2, 16, dtype=torch.long))
 
 
-# --- tie_weights ----------------------------------------------------------------------------
+# --- tie_weights ----------------------------------------------------------------------
 
 
 def test_tying_shares_one_parameter() -> None:
@@ -230,16 +248,22 @@ def test_tie_weights_returns_the_heads_parameter() -> None:
 
 
 @pytest.mark.parametrize(("vocab_size", "d_model"), [(37000, 512), (1000, 64)])
-def test_parameter_count_drops_by_vocab_times_d_model_per_tied_copy(vocab_size: int, d_model: int) -> None:
+def test_parameter_count_drops_by_vocab_times_d_model_per_tied_copy(
+    vocab_size: int, d_model: int
+) -> None:
     def build(n_tied: int) -> nn.ModuleDict:
         with torch.device("meta"):
-            model = nn.ModuleDict({
-                "src_embed": TokenEmbedding(vocab_size, d_model),
-                "tgt_embed": TokenEmbedding(vocab_size, d_model),
-                "head": PredictionHead(d_model, vocab_size),
-            })
+            model = nn.ModuleDict(
+                {
+                    "src_embed": TokenEmbedding(vocab_size, d_model),
+                    "tgt_embed": TokenEmbedding(vocab_size, d_model),
+                    "head": PredictionHead(d_model, vocab_size),
+                }
+            )
         if n_tied:
-            tie_weights(model["head"], *[model["tgt_embed"], model["src_embed"]][:n_tied])
+            tie_weights(
+                model["head"], *[model["tgt_embed"], model["src_embed"]][:n_tied]
+            )
         return model
 
     counts = [sum(p.numel() for p in build(n).parameters()) for n in (0, 1, 2)]
@@ -254,7 +278,9 @@ def test_tie_weights_zeroes_the_pad_rows() -> None:
     torch.manual_seed(0)
     head = PredictionHead(8, 30)
     assert head.weight[2].abs().sum() > 0
-    tie_weights(head, TokenEmbedding(30, 8, pad_id=2), nn.Embedding(30, 8, padding_idx=5))
+    tie_weights(
+        head, TokenEmbedding(30, 8, pad_id=2), nn.Embedding(30, 8, padding_idx=5)
+    )
     assert torch.equal(head.weight[2], torch.zeros(8))
     assert torch.equal(head.weight[5], torch.zeros(8))
 
@@ -267,15 +293,21 @@ def test_tie_weights_works_with_torch_modules() -> None:
 
 def test_gradients_from_every_use_accumulate_in_the_shared_matrix() -> None:
     model = shared_model(vocab_size=20, d_model=8)
-    separate = nn.ModuleDict({
-        "src_embed": TokenEmbedding(20, 8, pad_id=0),
-        "tgt_embed": TokenEmbedding(20, 8, pad_id=0),
-        "head": PredictionHead(8, 20),
-    })
+    separate = nn.ModuleDict(
+        {
+            "src_embed": TokenEmbedding(20, 8, pad_id=0),
+            "tgt_embed": TokenEmbedding(20, 8, pad_id=0),
+            "head": PredictionHead(8, 20),
+        }
+    )
     with torch.no_grad():
         for module in separate.values():
             module.weight.copy_(model["head"].weight)
-    src, tgt_in, tgt_out = torch.tensor([[1, 2, 3, 0]]), torch.tensor([[4, 5, 6]]), torch.tensor([[5, 6, 7]])
+    src, tgt_in, tgt_out = (
+        torch.tensor([[1, 2, 3, 0]]),
+        torch.tensor([[4, 5, 6]]),
+        torch.tensor([[5, 6, 7]]),
+    )
 
     def loss(m: nn.ModuleDict) -> torch.Tensor:
         context = m["src_embed"](src).mean(dim=1, keepdim=True)  # [1, 1, d]
@@ -286,7 +318,9 @@ def test_gradients_from_every_use_accumulate_in_the_shared_matrix() -> None:
     loss(separate).backward()
     grads = {name: module.weight.grad for name, module in separate.items()}
     shared_grad = model["head"].weight.grad
-    assert torch.allclose(shared_grad, grads["src_embed"] + grads["tgt_embed"] + grads["head"], atol=1e-6)
+    assert torch.allclose(
+        shared_grad, grads["src_embed"] + grads["tgt_embed"] + grads["head"], atol=1e-6
+    )
     # Each use contributes: the sum differs from every single part.
     for grad in grads.values():
         assert not torch.allclose(shared_grad, grad)
@@ -345,11 +379,13 @@ def test_state_dict_round_trip_keeps_the_tie(tmp_path) -> None:
     assert len({t.untyped_storage().data_ptr() for t in loaded.values()}) == 1
 
     torch.manual_seed(1)
-    fresh = nn.ModuleDict({
-        "src_embed": TokenEmbedding(50, 16, pad_id=0),
-        "tgt_embed": TokenEmbedding(50, 16, pad_id=0),
-        "head": PredictionHead(16, 50),
-    })
+    fresh = nn.ModuleDict(
+        {
+            "src_embed": TokenEmbedding(50, 16, pad_id=0),
+            "tgt_embed": TokenEmbedding(50, 16, pad_id=0),
+            "head": PredictionHead(16, 50),
+        }
+    )
     tie_weights(fresh["head"], fresh["src_embed"], fresh["tgt_embed"])
     assert not torch.equal(fresh["head"].weight, model["head"].weight)
     fresh.load_state_dict(loaded)
@@ -362,18 +398,21 @@ def test_state_dict_round_trip_keeps_the_tie(tmp_path) -> None:
 def test_shared_checkpoint_is_stored_once(tmp_path) -> None:
     shared, separate = tmp_path / "shared.pt", tmp_path / "separate.pt"
     torch.save(shared_model(vocab_size=1000, d_model=64).state_dict(), shared)
-    untied = nn.ModuleDict({
-        "src_embed": TokenEmbedding(1000, 64),
-        "tgt_embed": TokenEmbedding(1000, 64),
-        "head": PredictionHead(64, 1000),
-    })
+    untied = nn.ModuleDict(
+        {
+            "src_embed": TokenEmbedding(1000, 64),
+            "tgt_embed": TokenEmbedding(1000, 64),
+            "head": PredictionHead(64, 1000),
+        }
+    )
     torch.save(untied.state_dict(), separate)
     matrix_bytes = 1000 * 64 * 4
     assert shared.stat().st_size < 1.1 * matrix_bytes
     assert separate.stat().st_size > 3 * matrix_bytes
 
 
-# --- check_token_ids: public, and no read of a device's values ------------------------------
+# --- check_token_ids: public, and no read of a device's values ------------------------
+
 
 def test_check_token_ids_is_public_and_checks_ids_on_the_cpu() -> None:
     import aiayn.embedding as embedding
@@ -381,25 +420,30 @@ def test_check_token_ids_is_public_and_checks_ids_on_the_cpu() -> None:
     assert "check_token_ids" in embedding.__all__
     ids = torch.tensor([[1, 2, 3]], dtype=torch.int16)
     assert embedding.check_token_ids(ids, 10).dtype == torch.int64
-    with pytest.raises(ValueError, match=r"\[0, vocab_size\) = \[0, 10\), got ids from 1 to 10"):
+    with pytest.raises(
+        ValueError, match=r"\[0, vocab_size\) = \[0, 10\), got ids from 1 to 10"
+    ):
         embedding.check_token_ids(torch.tensor([[1, 10]]), 10)
     with pytest.raises(ValueError, match="ignore_index"):
         embedding.check_token_ids(torch.tensor([[-100, 3]]), 10)
-    with pytest.raises(ValueError, match=r"prompt must hold integer token ids.*prompt\.long\(\)"):
+    with pytest.raises(
+        ValueError, match=r"prompt must hold integer token ids.*prompt\.long\(\)"
+    ):
         embedding.check_token_ids(torch.ones(1, 2), 10, "prompt")
     with pytest.raises(ValueError, match=r"prompt\.unsqueeze\(0\)"):
         embedding.check_token_ids(torch.ones(3, dtype=torch.long), 10, "prompt")
 
 
 def test_ids_off_the_cpu_are_not_read() -> None:
-    """A meta tensor has no values: reading one raises, so the check must not try (as on a GPU)."""
+    """Reading a meta tensor (no values) raises: the check must not try, as on a GPU."""
     from aiayn.embedding import check_token_ids
 
     meta = torch.full((2, 3), 99, device="meta")  # out of range, were it read
     with pytest.raises((RuntimeError, NotImplementedError)):
         meta.max().item()  # what a read of the values does on this device
     assert check_token_ids(meta, vocab_size=10).shape == (2, 3)
-    with pytest.raises(ValueError, match="integer token ids"):  # no read needed: still checked
+    # no read needed: still checked
+    with pytest.raises(ValueError, match="integer token ids"):
         check_token_ids(meta.float(), vocab_size=10)
     embed = TokenEmbedding(10, 4).to("meta")
     assert embed(meta).shape == (2, 3, 4)

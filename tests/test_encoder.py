@@ -14,7 +14,8 @@ from aiayn.multi_head import MultiHeadAttention
 from aiayn.sublayers import PositionwiseFeedForward, Residual
 
 D_MODEL, N_HEADS, D_FF = 32, 4, 64
-TOKENS = torch.tensor([[5, 3, 8, 2, 9, 4], [7, 1, 6, 0, 0, 0], [2, 2, 0, 0, 0, 0]])  # 0 = padding
+# 0 = padding
+TOKENS = torch.tensor([[5, 3, 8, 2, 9, 4], [7, 1, 6, 0, 0, 0], [2, 2, 0, 0, 0, 0]])
 PAD = padding_mask(TOKENS, 0)  # ours, True = real token: [3, 1, 1, 6]
 KEY_PADDING = TOKENS == 0  # PyTorch's, True = padding: [3, 6]
 REAL = PAD[:, 0, 0, :]  # [3, 6]
@@ -51,12 +52,17 @@ def to_torch(layer: EncoderLayer) -> dict[str, torch.Tensor]:
 
 def source(batch: int = 3, src_len: int = 6, seed: int = 1) -> torch.Tensor:
     """Random embedded source vectors [batch, src_len, d_model]."""
-    return torch.randn(batch, src_len, D_MODEL, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(
+        batch, src_len, D_MODEL, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def test_structure_and_attributes() -> None:
     layer = EncoderLayer(D_MODEL, N_HEADS, D_FF, dropout=0.2)
-    assert isinstance(layer.self_attn, MultiHeadAttention) and layer.self_attn.dropout == 0.2
+    assert (
+        isinstance(layer.self_attn, MultiHeadAttention)
+        and layer.self_attn.dropout == 0.2
+    )
     assert isinstance(layer.ffn, PositionwiseFeedForward) and layer.ffn.dropout.p == 0.2
     assert isinstance(layer.res_attn, Residual) and isinstance(layer.res_ffn, Residual)
     assert layer.res_attn.dropout.p == layer.res_ffn.dropout.p == 0.2
@@ -66,16 +72,27 @@ def test_structure_and_attributes() -> None:
     assert isinstance(encoder.layers, nn.ModuleList) and len(encoder.layers) == 3
     assert all(isinstance(m, EncoderLayer) for m in encoder.layers)
     # every layer has its own weights
-    assert encoder.layers[0].ffn.w_1.weight.data_ptr() != encoder.layers[1].ffn.w_1.weight.data_ptr()
+    assert (
+        encoder.layers[0].ffn.w_1.weight.data_ptr()
+        != encoder.layers[1].ffn.w_1.weight.data_ptr()
+    )
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
 def test_layer_parity_with_torch(norm_first: bool, masked: bool) -> None:
     torch.manual_seed(0)
-    ours = perturb(EncoderLayer(D_MODEL, N_HEADS, D_FF, dropout=0.1, norm_first=norm_first)).eval()
+    ours = perturb(
+        EncoderLayer(D_MODEL, N_HEADS, D_FF, dropout=0.1, norm_first=norm_first)
+    ).eval()
     theirs = nn.TransformerEncoderLayer(
-        D_MODEL, N_HEADS, D_FF, dropout=0.1, activation="relu", batch_first=True, norm_first=norm_first
+        D_MODEL,
+        N_HEADS,
+        D_FF,
+        dropout=0.1,
+        activation="relu",
+        batch_first=True,
+        norm_first=norm_first,
     ).eval()
     theirs.load_state_dict(to_torch(ours))
     x = source()
@@ -83,7 +100,8 @@ def test_layer_parity_with_torch(norm_first: bool, masked: bool) -> None:
     with torch.no_grad():  # PyTorch's fast path
         out = ours(x, mask)
         fast = theirs(x, src_key_padding_mask=kpm)
-    slow = theirs(x, src_key_padding_mask=kpm).detach()  # autograd on: PyTorch's ordinary path
+    # autograd on: PyTorch's ordinary path
+    slow = theirs(x, src_key_padding_mask=kpm).detach()
     assert out.shape == x.shape
     torch.testing.assert_close(out, fast, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out, slow, atol=1e-5, rtol=1e-5)
@@ -92,10 +110,17 @@ def test_layer_parity_with_torch(norm_first: bool, masked: bool) -> None:
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_stack_parity_with_torch_on_real_positions(norm_first: bool) -> None:
     torch.manual_seed(0)
-    ours = perturb(Encoder(3, D_MODEL, N_HEADS, D_FF, norm_first=norm_first, final_norm=True)).eval()
-    template = nn.TransformerEncoderLayer(D_MODEL, N_HEADS, D_FF, batch_first=True, norm_first=norm_first)
+    ours = perturb(
+        Encoder(3, D_MODEL, N_HEADS, D_FF, norm_first=norm_first, final_norm=True)
+    ).eval()
+    template = nn.TransformerEncoderLayer(
+        D_MODEL, N_HEADS, D_FF, batch_first=True, norm_first=norm_first
+    )
     theirs = nn.TransformerEncoder(
-        template, num_layers=3, norm=nn.LayerNorm(D_MODEL), enable_nested_tensor=not norm_first
+        template,
+        num_layers=3,
+        norm=nn.LayerNorm(D_MODEL),
+        enable_nested_tensor=not norm_first,
     ).eval()
     for our_layer, their_layer in zip(ours.layers, theirs.layers):
         their_layer.load_state_dict(to_torch(our_layer))
@@ -109,7 +134,8 @@ def test_stack_parity_with_torch_on_real_positions(norm_first: bool) -> None:
             plain_ours, plain_theirs = ours(x), theirs(x)
     torch.testing.assert_close(out[REAL], fast[REAL], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(plain_ours, plain_theirs, atol=1e-5, rtol=1e-5)
-    if not norm_first:  # nested-tensor fast path: padded rows are zeros, then LayerNorm -> its bias
+    # nested-tensor fast path: padded rows are zeros, then LayerNorm -> its bias
+    if not norm_first:
         torch.testing.assert_close(fast[~REAL], theirs.norm.bias.expand_as(fast[~REAL]))
     slow = theirs(x, src_key_padding_mask=KEY_PADDING).detach()
     torch.testing.assert_close(out, slow, atol=1e-5, rtol=1e-5)
@@ -124,23 +150,30 @@ def test_padding_does_not_change_real_tokens(norm_first: bool) -> None:
         batched = encoder(x, PAD)  # [3, 6, d_model]
         for row in range(3):
             n_real = int(REAL[row].sum())
-            alone = encoder(x[row : row + 1, :n_real])  # the sentence without its padding
-            torch.testing.assert_close(batched[row, :n_real], alone[0], atol=1e-5, rtol=1e-5)
+            # the sentence without its padding
+            alone = encoder(x[row : row + 1, :n_real])
+            torch.testing.assert_close(
+                batched[row, :n_real], alone[0], atol=1e-5, rtol=1e-5
+            )
         # other padding values at the padded positions change nothing at the real ones
         noisy = x.clone()
         noisy[~REAL] = 100.0 * torch.randn(int((~REAL).sum()), D_MODEL)
-        torch.testing.assert_close(encoder(noisy, PAD)[REAL], batched[REAL], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            encoder(noisy, PAD)[REAL], batched[REAL], atol=1e-5, rtol=1e-5
+        )
         unmasked = encoder(x)
     assert torch.isfinite(batched).all()
-    assert not torch.allclose(unmasked[1, :3], batched[1, :3], atol=1e-3)  # without the mask they differ
+    # without the mask they differ
+    assert not torch.allclose(unmasked[1, :3], batched[1, :3], atol=1e-3)
 
 
 def test_gradient_reaches_only_real_inputs() -> None:
     torch.manual_seed(0)
     encoder = Encoder(2, D_MODEL, N_HEADS, D_FF).eval()
     x = source().requires_grad_(True)
-    weights = torch.randn(D_MODEL, generator=torch.Generator().manual_seed(2))  # a sum alone would be
-    (encoder(x, PAD)[REAL] @ weights).sum().backward()  # constant after a LayerNorm with unit gain
+    # weighted: a sum alone would be constant after a LayerNorm with unit gain
+    weights = torch.randn(D_MODEL, generator=torch.Generator().manual_seed(2))
+    (encoder(x, PAD)[REAL] @ weights).sum().backward()
     assert (x.grad[~REAL] == 0).all()
     assert (x.grad[REAL].abs().sum(-1) > 0).all()
 
@@ -151,9 +184,14 @@ def test_permutation_equivariance() -> None:
     x = source()
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
     with torch.no_grad():
-        torch.testing.assert_close(encoder(x[:, perm]), encoder(x)[:, perm], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(
-            encoder(x[:, perm], PAD[..., perm]), encoder(x, PAD)[:, perm], atol=1e-5, rtol=1e-5
+            encoder(x[:, perm]), encoder(x)[:, perm], atol=1e-5, rtol=1e-5
+        )
+        torch.testing.assert_close(
+            encoder(x[:, perm], PAD[..., perm]),
+            encoder(x, PAD)[:, perm],
+            atol=1e-5,
+            rtol=1e-5,
         )
 
 
@@ -165,7 +203,9 @@ def test_parameter_counts() -> None:
     assert count(base) == 3_152_384
     assert count(base.self_attn) == 4 * 512 * 512 + 4 * 512
     assert count(base.ffn) == 2 * 512 * 2048 + 2048 + 512
-    assert count(base) == count(nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True))
+    assert count(base) == count(
+        nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+    )
     assert count(Encoder(6, 512, 8, 2048)) == 6 * 3_152_384 == 18_914_304
     assert count(Encoder(6, 512, 8, 2048, norm_first=True)) == 18_914_304 + 1_024
     assert count(EncoderLayer(1024, 16, 4096)) == 12_596_224
@@ -173,10 +213,26 @@ def test_parameter_counts() -> None:
 
 @pytest.mark.parametrize(
     ("norm_first", "final_norm", "expected"),
-    [(False, None, False), (True, None, True), (False, True, True), (True, False, False), (False, False, False)],
+    [
+        (False, None, False),
+        (True, None, True),
+        (False, True, True),
+        (True, False, False),
+        (False, False, False),
+    ],
 )
-def test_final_norm_default(norm_first: bool, final_norm: bool | None, expected: bool) -> None:
-    encoder = Encoder(2, D_MODEL, N_HEADS, D_FF, norm_first=norm_first, final_norm=final_norm, eps=1e-6)
+def test_final_norm_default(
+    norm_first: bool, final_norm: bool | None, expected: bool
+) -> None:
+    encoder = Encoder(
+        2,
+        D_MODEL,
+        N_HEADS,
+        D_FF,
+        norm_first=norm_first,
+        final_norm=final_norm,
+        eps=1e-6,
+    )
     assert (encoder.norm is not None) == expected
     if expected:
         assert isinstance(encoder.norm, nn.LayerNorm) and encoder.norm.eps == 1e-6
@@ -202,11 +258,18 @@ def test_dropout_only_in_training() -> None:
 def test_gelu_activation_matches_torch() -> None:
     torch.manual_seed(0)
     ours = perturb(EncoderLayer(D_MODEL, N_HEADS, D_FF, activation="gelu")).eval()
-    theirs = nn.TransformerEncoderLayer(D_MODEL, N_HEADS, D_FF, activation="gelu", batch_first=True).eval()
+    theirs = nn.TransformerEncoderLayer(
+        D_MODEL, N_HEADS, D_FF, activation="gelu", batch_first=True
+    ).eval()
     theirs.load_state_dict(to_torch(ours))
     x = source()
     with torch.no_grad():
-        torch.testing.assert_close(ours(x, PAD), theirs(x, src_key_padding_mask=KEY_PADDING), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            ours(x, PAD),
+            theirs(x, src_key_padding_mask=KEY_PADDING),
+            atol=1e-5,
+            rtol=1e-5,
+        )
 
 
 @pytest.mark.parametrize(
@@ -230,7 +293,11 @@ def test_bad_sizes(build, match: str) -> None:
 
 @pytest.mark.parametrize("module", ["layer", "stack"])
 def test_bad_inputs(module: str) -> None:
-    net = EncoderLayer(D_MODEL, N_HEADS, D_FF) if module == "layer" else Encoder(2, D_MODEL, N_HEADS, D_FF)
+    net = (
+        EncoderLayer(D_MODEL, N_HEADS, D_FF)
+        if module == "layer"
+        else Encoder(2, D_MODEL, N_HEADS, D_FF)
+    )
     x = source()
     with pytest.raises(ValueError, match=r"\[batch, src_len, d_model\]"):
         net(TOKENS)  # token ids, not vectors

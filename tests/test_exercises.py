@@ -1,4 +1,4 @@
-"""Every numbered chapter ends its teaching with exercises whose solutions run and check.
+"""Every numbered chapter ends its teaching with exercises, their solutions checked.
 
 The section "Exercises" comes just before the chapter's "Summary". It holds three to
 six exercises, each opened by a paragraph that starts
@@ -10,8 +10,9 @@ check it, *derive* a number, *debug* a planted fault, *extend* a component, or
 *explain* a measured result. At least one exercise per chapter is a *debug* or an
 *extend*: it asks for code. Each exercise is followed by its worked solution, one or
 more code cells folded in the HTML (`hide-cell`, behind a button that says "Show the
-solution") that nbval executes like every other cell; every solution asserts what it claims, and exports nothing. Folded cells
-do not count as reading time (tests/test_style.py); the exercises' prose does.
+solution") that nbval executes like every other cell; every solution asserts what it
+claims, and exports nothing. Folded cells do not count as reading time
+(tests/test_style.py); the exercises' prose does.
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ def test_three_to_six_exercises_numbered_from_one_of_known_kinds(chapter: Path) 
 def test_every_exercise_has_a_folded_solution_that_asserts(chapter: Path) -> None:
     section = exercises_section(chapter)
     assert section is not None, 'no "## Exercises" section'
-    assert section.exported == 0, "a solution is tagged export: solutions export nothing"
+    assert section.exported == 0, (
+        "a solution is tagged export: solutions export nothing"
+    )
     for e in section.exercises:
         assert e.solutions, f"exercise {e.number} has no folded (hide-cell) solution"
         code = "\n".join(e.solutions)
@@ -134,7 +137,8 @@ def test_every_exercise_has_a_folded_solution_that_asserts(chapter: Path) -> Non
         )
         assert not re.search(r"^\s*(from|import) \.", code, re.M)
         assert set(e.prompts) == {PROMPT}, (
-            f"exercise {e.number}: a solution's button says {e.prompts}, not {PROMPT!r} "
+            f"exercise {e.number}: a solution's button says {e.prompts}, "
+            f"not {PROMPT!r} "
             "(the cell's metadata mystnb: code_prompt_show)"
         )
 

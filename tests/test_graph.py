@@ -27,12 +27,16 @@ def imported_modules(path: Path) -> set[str]:
     """The aiayn modules that a module imports, at its top or inside a function."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("aiayn."):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "aiayn."
+        ):
             found.add(node.module.removeprefix("aiayn.").split(".")[0])
         elif isinstance(node, ast.ImportFrom) and node.module == "aiayn":
             found.update(a.name for a in node.names if a.name in CHAPTER_OF)
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("aiayn."))
+            found.update(
+                a.name.split(".")[1] for a in node.names if a.name.startswith("aiayn.")
+            )
     return found
 
 
@@ -51,15 +55,20 @@ def calls_of(path: Path, name: str) -> int:
     """How many times a module calls a function or names an attribute called `name`."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return sum(
-        isinstance(n, ast.Name) and n.id == name or isinstance(n, ast.Attribute) and n.attr == name
+        isinstance(n, ast.Name)
+        and n.id == name
+        or isinstance(n, ast.Attribute)
+        and n.attr == name
         for n in ast.walk(tree)
     )
 
 
 def test_every_module_imports_only_earlier_chapters() -> None:
-    assert set(CHAPTER_OF) == {p.stem for p in SRC.glob("*.py")} - {"__init__", "__main__"}
+    modules = {p.stem for p in SRC.glob("*.py")} - {"__init__", "__main__"}
+    assert set(CHAPTER_OF) == modules
     later = {
-        f"{name} (chapter {CHAPTER_OF[name]}) imports {other} (chapter {CHAPTER_OF[other]})"
+        f"{name} (chapter {CHAPTER_OF[name]}) "
+        f"imports {other} (chapter {CHAPTER_OF[other]})"
         for name in CHAPTER_OF
         for other in imported_modules(SRC / f"{name}.py")
         if CHAPTER_OF[other] >= CHAPTER_OF[name]
@@ -70,7 +79,9 @@ def test_every_module_imports_only_earlier_chapters() -> None:
 def test_the_command_line_is_on_top_and_imported_by_no_module() -> None:
     top = max(CHAPTER_OF, key=CHAPTER_OF.get)
     assert top == "cli"
-    assert not [name for name in CHAPTER_OF if "cli" in imported_modules(SRC / f"{name}.py")]
+    assert not [
+        name for name in CHAPTER_OF if "cli" in imported_modules(SRC / f"{name}.py")
+    ]
 
 
 def test_inference_needs_neither_training_nor_multi30k() -> None:
@@ -78,14 +89,16 @@ def test_inference_needs_neither_training_nor_multi30k() -> None:
 
 
 def test_only_the_command_line_parses_arguments() -> None:
-    parsing = sorted(p.stem for p in SRC.glob("*.py") if "argparse" in imported_names(p))
+    parsing = sorted(
+        p.stem for p in SRC.glob("*.py") if "argparse" in imported_names(p)
+    )
     assert parsing == ["cli"]
 
 
-def test_modules_are_imported_by_name_only_by_the_dispatcher_and_the_tokenizer_table() -> None:
+def test_only_the_dispatcher_and_the_tokenizer_table_import_modules_by_name() -> None:
     by_name = sorted(p.stem for p in SRC.glob("*.py") if calls_of(p, "import_module"))
-    assert by_name == ["__init__", "__main__", "batching"]  # __init__: lazy top-level names
-
+    # __init__: lazy top-level names
+    assert by_name == ["__init__", "__main__", "batching"]
 
 
 # One definition of each thing: the helpers the chapters share are defined once and
@@ -99,14 +112,21 @@ SHARED_HELPERS = {  # name -> the module that defines it
     "is_number": "masks",
     "atomic_file": "model",
 }
-RETYPED = r"^def (n_params|count|matmul_flops|flops|count_flops|count_parameters|show_error)\("
+RETYPED = (
+    r"^def (n_params|count|matmul_flops|flops|count_flops|count_parameters|show_error)"
+    r"\("
+)
 
 
 def test_the_shared_helpers_are_defined_once_and_imported_elsewhere() -> None:
     import re
 
     for name, home in SHARED_HELPERS.items():
-        defining = [p.stem for p in SRC.glob("*.py") if re.search(rf"^def {name}\(", p.read_text(), re.M)]
+        defining = [
+            p.stem
+            for p in SRC.glob("*.py")
+            if re.search(rf"^def {name}\(", p.read_text(), re.M)
+        ]
         assert defining == [home], (name, defining)
     retyped = {
         p.name: re.findall(RETYPED, p.read_text(encoding="utf-8"), re.M)
@@ -122,19 +142,31 @@ def test_the_shared_helpers_are_defined_once_and_imported_elsewhere() -> None:
 def test_the_integer_check_is_written_once() -> None:
     import re
 
-    pattern = re.compile(r"isinstance\(([\w.]+), bool\)\s*(or|and)\s*(not )?isinstance\(\1, \(?int")
+    pattern = re.compile(
+        r"isinstance\(([\w.]+), bool\)\s*(or|and)\s*(not )?isinstance\(\1, \(?int"
+    )
     copies = {p.stem: len(pattern.findall(p.read_text())) for p in SRC.glob("*.py")}
     assert {k: v for k, v in copies.items() if v} == {"masks": 1}  # is_int itself
-    fsync_writers = sorted(p.stem for p in SRC.glob("*.py") if "os.fsync(f.fileno())" in p.read_text())
+    fsync_writers = sorted(
+        p.stem for p in SRC.glob("*.py") if "os.fsync(f.fileno())" in p.read_text()
+    )
     assert fsync_writers == ["model"]  # atomic_file, the one atomic write
 
 
 def test_the_configurations_are_short_and_the_recipe_declares_no_field_twice() -> None:
     tree = ast.parse((SRC / "model.py").read_text(encoding="utf-8"))
-    config = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TransformerConfig")
+    config = next(
+        n
+        for n in tree.body
+        if isinstance(n, ast.ClassDef) and n.name == "TransformerConfig"
+    )
     assert config.end_lineno - config.lineno + 1 <= 150
     tree = ast.parse((SRC / "data.py").read_text(encoding="utf-8"))
-    recipe = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Multi30kRecipe")
+    recipe = next(
+        n
+        for n in tree.body
+        if isinstance(n, ast.ClassDef) and n.name == "Multi30kRecipe"
+    )
     declared = {n.target.id for n in recipe.body if isinstance(n, ast.AnnAssign)}
     assert declared == {"direction", "vocab_size", "model", "schedule", "max_tokens"}
 

@@ -60,9 +60,14 @@ def test_target_mask_is_padding_and_causal() -> None:
     for b in range(2):
         for i in range(5):
             for j in range(5):
-                assert m[b, 0, i, j].item() == (bool(causal[i, j]) and bool(not_pad[b, j]))
+                assert m[b, 0, i, j].item() == (
+                    bool(causal[i, j]) and bool(not_pad[b, j])
+                )
     # Left padding with a causal mask leaves the first padded queries with no key.
-    assert (~m.any(dim=-1))[:, 0].tolist() == [[False] * 5, [True, True, False, False, False]]
+    assert (~m.any(dim=-1))[:, 0].tolist() == [
+        [False] * 5,
+        [True, True, False, False, False],
+    ]
 
 
 def test_combine_masks_and_broadcast() -> None:
@@ -111,7 +116,9 @@ def test_causal_mask_rejects_bad_sizes(size: object) -> None:
         (torch.zeros(2, 0, dtype=torch.long), "no positions"),
     ],
 )
-def test_padding_and_target_mask_reject_bad_tokens(tokens: object, message: str) -> None:
+def test_padding_and_target_mask_reject_bad_tokens(
+    tokens: object, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         padding_mask(tokens, PAD)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=message):
@@ -138,8 +145,10 @@ def test_combine_masks_rejects_shapes_that_do_not_broadcast() -> None:
         combine_masks(pad, causal_mask(3))
 
 
-def _attend(tokens: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked self-attention over random q, k, v with target_mask(tokens), on the CPU."""
+def _attend(
+    tokens: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked self-attention over random q, k, v with target_mask(tokens), on a CPU."""
     gen = torch.Generator().manual_seed(0)
     batch, seq = tokens.shape
     q, k, v = (torch.randn(batch, 2, seq, 8, generator=gen).to(dtype) for _ in range(3))

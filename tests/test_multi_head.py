@@ -16,7 +16,7 @@ TOKENS = torch.tensor([[5, 3, 8, 2, 9, 4], [7, 1, 6, 0, 0, 0]])  # 0 = padding
 
 
 def pair() -> tuple[MultiHeadAttention, nn.MultiheadAttention]:
-    """Our layer and PyTorch's, in eval mode, with the same (non-zero) weights and biases."""
+    """Our layer and PyTorch's in eval mode, the same non-zero weights and biases."""
     torch.manual_seed(0)
     ours = MultiHeadAttention(D_MODEL, N_HEADS).eval()
     with torch.no_grad():
@@ -34,10 +34,15 @@ def pair() -> tuple[MultiHeadAttention, nn.MultiheadAttention]:
 def inputs() -> tuple[torch.Tensor, torch.Tensor]:
     """A source [2, 6, d_model] and a target [2, 4, d_model]."""
     gen = torch.Generator().manual_seed(1)
-    return torch.randn(2, 6, D_MODEL, generator=gen), torch.randn(2, 4, D_MODEL, generator=gen)
+    return torch.randn(2, 6, D_MODEL, generator=gen), torch.randn(
+        2, 4, D_MODEL, generator=gen
+    )
 
 
-@pytest.mark.parametrize("case", ["self", "self_padding", "self_causal", "self_causal_padding", "cross_padding"])
+@pytest.mark.parametrize(
+    "case",
+    ["self", "self_padding", "self_causal", "self_causal_padding", "cross_padding"],
+)
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_parity_with_torch_multihead_attention(case: str, need_weights: bool) -> None:
     ours, theirs = pair()
@@ -55,7 +60,14 @@ def test_parity_with_torch_multihead_attention(case: str, need_weights: bool) ->
     kv = query if key_value is None else key_value
     with torch.no_grad():
         out, w = ours(query, key_value, mask, need_weights=need_weights)
-        ref, ref_w = theirs(query, kv, kv, key_padding_mask=t_kpm, attn_mask=t_attn, average_attn_weights=False)
+        ref, ref_w = theirs(
+            query,
+            kv,
+            kv,
+            key_padding_mask=t_kpm,
+            attn_mask=t_attn,
+            average_attn_weights=False,
+        )
     assert out.shape == (2, query.size(1), D_MODEL)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     if need_weights:
@@ -73,14 +85,17 @@ def test_per_head_loop_equals_module() -> None:
     layer = MultiHeadAttention(D_MODEL, N_HEADS).eval()
     src, tgt = inputs()
     d_k = D_MODEL // N_HEADS
-    w_q, w_k, w_v = layer.in_proj.weight.detach().chunk(3)  # each [d_model, d_model], rows = output features
+    # each [d_model, d_model], rows = output features
+    w_q, w_k, w_v = layer.in_proj.weight.detach().chunk(3)
     b_q, b_k, b_v = layer.in_proj.bias.detach().chunk(3)
     for query, kv in ((src, src), (tgt, src)):
         heads = []
         for i in range(N_HEADS):
             rows = slice(i * d_k, (i + 1) * d_k)  # head i's own small projections
             head, _ = scaled_dot_product_attention(
-                query @ w_q[rows].T + b_q[rows], kv @ w_k[rows].T + b_k[rows], kv @ w_v[rows].T + b_v[rows]
+                query @ w_q[rows].T + b_q[rows],
+                kv @ w_k[rows].T + b_k[rows],
+                kv @ w_v[rows].T + b_v[rows],
             )
             heads.append(head)
         expected = layer.out_proj(torch.cat(heads, dim=-1))
@@ -109,16 +124,23 @@ def test_fused_path_equals_need_weights_path(use_mask: bool) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("need_weights", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-def test_fully_masked_rows_are_zero_not_nan(dtype: torch.dtype, need_weights: bool, bias: bool) -> None:
+def test_fully_masked_rows_are_zero_not_nan(
+    dtype: torch.dtype, need_weights: bool, bias: bool
+) -> None:
     torch.manual_seed(0)
     layer = MultiHeadAttention(16, 4, bias=bias).to(dtype)
-    query, memory = torch.randn(2, 3, 16, dtype=dtype), torch.randn(2, 5, 16, dtype=dtype)
+    query, memory = (
+        torch.randn(2, 3, 16, dtype=dtype),
+        torch.randn(2, 5, 16, dtype=dtype),
+    )
     allowed = torch.ones(2, 1, 3, 5, dtype=torch.bool)
     allowed[0, :, 1] = False  # sequence 0, query 1: nothing to attend to
     allowed[1] = False  # sequence 1: every key is padding
     with torch.no_grad():
         out, weights = layer(query, memory, allowed, need_weights=need_weights)
-        self_out, _ = layer(query, mask=torch.zeros(3, 3, dtype=torch.bool), need_weights=need_weights)
+        self_out, _ = layer(
+            query, mask=torch.zeros(3, 3, dtype=torch.bool), need_weights=need_weights
+        )
     assert torch.isfinite(out).all() and torch.isfinite(self_out).all()
     expected = layer.out_proj.bias.detach() if bias else torch.zeros(16, dtype=dtype)
     assert (out[0, 1] == expected).all() and (out[1] == expected).all()
@@ -146,7 +168,10 @@ def test_fully_masked_rows_have_finite_gradients(need_weights: bool) -> None:
 
 def test_cached_decoding_equals_full_computation() -> None:
     torch.manual_seed(0)
-    self_attn, cross_attn = MultiHeadAttention(D_MODEL, N_HEADS).eval(), MultiHeadAttention(D_MODEL, N_HEADS).eval()
+    self_attn, cross_attn = (
+        MultiHeadAttention(D_MODEL, N_HEADS).eval(),
+        MultiHeadAttention(D_MODEL, N_HEADS).eval(),
+    )
     src, tgt = inputs()
     pad = padding_mask(TOKENS, 0)
     with torch.no_grad():
@@ -172,8 +197,11 @@ def test_cache_with_several_new_positions_and_a_mask() -> None:
         full, _ = layer(tgt, mask=causal)
         cache = KVCache()
         first, _ = layer(tgt[:, :2], mask=causal[..., :2, :2], cache=cache)
-        rest, _ = layer(tgt[:, 2:], mask=causal[..., 2:, :], cache=cache)  # [2 new queries, 4 keys]
-    torch.testing.assert_close(torch.cat([first, rest], dim=1), full, atol=1e-5, rtol=1e-5)
+        # [2 new queries, 4 keys]
+        rest, _ = layer(tgt[:, 2:], mask=causal[..., 2:, :], cache=cache)
+    torch.testing.assert_close(
+        torch.cat([first, rest], dim=1), full, atol=1e-5, rtol=1e-5
+    )
 
 
 def test_cross_attention_cache_projects_the_memory_once() -> None:
@@ -204,19 +232,26 @@ def test_cache_reorder_selects_batch_rows() -> None:
         layer(src[:, :3], cache=cache)
         k, v = cache.k.clone(), cache.v.clone()
         cache.reorder(torch.tensor([1, 1, 0]))
-    assert cache.k.shape[0] == 3 and torch.equal(cache.k[0], k[1]) and torch.equal(cache.v[2], v[0])
+    assert (
+        cache.k.shape[0] == 3
+        and torch.equal(cache.k[0], k[1])
+        and torch.equal(cache.v[2], v[0])
+    )
     assert KVCache().seq_len == 0
 
 
 def test_reorder_with_room_is_filled_in_place_by_the_next_append() -> None:
     torch.manual_seed(0)
-    k, v = torch.randn(2, 3, N_HEADS, 5, 8).unbind(0)  # [batch 3, heads, 5 cached, d_k 8]
-    new_k, new_v = torch.randn(2, 4, N_HEADS, 1, 8).unbind(0)  # one new position, 4 rows
+    # [batch 3, heads, 5 cached, d_k 8]
+    k, v = torch.randn(2, 3, N_HEADS, 5, 8).unbind(0)
+    # one new position, 4 rows
+    new_k, new_v = torch.randn(2, 4, N_HEADS, 1, 8).unbind(0)
     index = torch.tensor([2, 0, 0, 1])
     plain, roomy = KVCache(k, v), KVCache(k, v)
     plain.reorder(index)
     roomy.reorder(index, room=1)
-    assert torch.equal(roomy.k, plain.k) and torch.equal(roomy.v, plain.v)  # room unseen
+    # room unseen
+    assert torch.equal(roomy.k, plain.k) and torch.equal(roomy.v, plain.v)
     assert roomy.seq_len == 5 and roomy.spare is not None
     spare_k = roomy.spare[0]
     out_k, out_v = roomy.append(new_k, new_v)
@@ -233,7 +268,9 @@ def test_reorder_with_room_is_filled_in_place_by_the_next_append() -> None:
     twice.reorder(index, room=1)
     twice.reorder(torch.tensor([3, 3]), room=1)
     twice.append(new_k[:2], new_v[:2])
-    assert torch.equal(twice.k[:, :, :5], k[[1, 1]]) and torch.equal(twice.k[:, :, 5:], new_k[:2])
+    assert torch.equal(twice.k[:, :, :5], k[[1, 1]]) and torch.equal(
+        twice.k[:, :, 5:], new_k[:2]
+    )
     # keys set by hand after the reorder are kept: the room is not theirs
     replaced = KVCache(k, v)
     replaced.reorder(index, room=1)
@@ -265,7 +302,8 @@ def test_a_single_query_on_the_cpu_matches_torch_nn() -> None:
     assert weights is None and w.shape == (2, N_HEADS, 1, 6)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out, explicit, atol=0, rtol=0)
-    nothing = torch.zeros(2, 1, 1, 6, dtype=torch.bool)  # a query with nothing to attend to
+    # a query with nothing to attend to
+    nothing = torch.zeros(2, 1, 1, 6, dtype=torch.bool)
     with torch.no_grad():
         empty, _ = ours(query, src, mask=nothing)
     torch.testing.assert_close(empty, ours.out_proj.bias.expand(2, 1, D_MODEL))
@@ -283,7 +321,9 @@ def test_cross_attention_cache_is_contiguous() -> None:
 def test_parameter_count_is_4d2_plus_4d() -> None:
     for d_model, n_heads in ((32, 1), (32, 4), (512, 8), (512, 64)):
         layer = MultiHeadAttention(d_model, n_heads)
-        assert sum(p.numel() for p in layer.parameters()) == 4 * d_model**2 + 4 * d_model
+        assert (
+            sum(p.numel() for p in layer.parameters()) == 4 * d_model**2 + 4 * d_model
+        )
         no_bias = MultiHeadAttention(d_model, n_heads, bias=False)
         assert sum(p.numel() for p in no_bias.parameters()) == 4 * d_model**2
 
@@ -331,10 +371,24 @@ def test_dropout_only_in_training() -> None:
         (lambda layer, x: layer(x, torch.randn(2, 6, 16)), "key_value has 16 features"),
         (lambda layer, x: layer(x, torch.randn(3, 6, 32)), "same batch size"),
         (lambda layer, x: layer(x, mask=torch.ones(6, 6)), "torch.bool"),
-        (lambda layer, x: layer(x, mask=torch.ones(2, 6, 6, dtype=torch.bool)), "mask.unsqueeze(1)"),
-        (lambda layer, x: layer(x, mask=torch.ones(6, 5, dtype=torch.bool)), "does not broadcast"),
-        (lambda layer, x: layer(x, mask=torch.ones(2, 3, 6, 6, dtype=torch.bool)), "does not broadcast"),
-        (lambda layer, x: layer(x, cache=KVCache(torch.zeros(3, 4, 1, 8), torch.zeros(3, 4, 1, 8))), "KVCache"),
+        (
+            lambda layer, x: layer(x, mask=torch.ones(2, 6, 6, dtype=torch.bool)),
+            "mask.unsqueeze(1)",
+        ),
+        (
+            lambda layer, x: layer(x, mask=torch.ones(6, 5, dtype=torch.bool)),
+            "does not broadcast",
+        ),
+        (
+            lambda layer, x: layer(x, mask=torch.ones(2, 3, 6, 6, dtype=torch.bool)),
+            "does not broadcast",
+        ),
+        (
+            lambda layer, x: layer(
+                x, cache=KVCache(torch.zeros(3, 4, 1, 8), torch.zeros(3, 4, 1, 8))
+            ),
+            "KVCache",
+        ),
     ],
 )
 def test_bad_input_raises_a_clear_value_error(call, message: str) -> None:

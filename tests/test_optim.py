@@ -1,4 +1,7 @@
-"""Tests of aiayn.optim (chapter 12): label smoothing, the learning-rate schedule and Adam."""
+"""Tests of aiayn.optim (chapter 12).
+
+Label smoothing, the learning-rate schedule and Adam.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ from aiayn.optim import (
 )
 
 
-def batch(vocab_size: int = 13, pad_id: int = 0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(
+    vocab_size: int = 13, pad_id: int = 0, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [3, 7, V] and targets [3, 7] with padding at the ends of two rows."""
     gen = torch.Generator().manual_seed(seed)
     logits = 3 * torch.randn(3, 7, vocab_size, generator=gen)
@@ -30,7 +35,7 @@ def batch(vocab_size: int = 13, pad_id: int = 0, seed: int = 0) -> tuple[torch.T
     return logits, target
 
 
-# --- the loss against hand computations and PyTorch ------------------------------------------
+# --- the loss against hand computations and PyTorch -----------------------------------
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.35])
@@ -49,19 +54,30 @@ def test_loss_equals_hand_computed_smoothed_cross_entropy(eps: float) -> None:
     expected = sum(per_position) / len(per_position)
     got = LabelSmoothingLoss(eps, ignore_index=0)(logits, target).item()
     assert got == pytest.approx(expected, rel=1e-6)
-    total = LabelSmoothingLoss(eps, ignore_index=0, reduction="sum")(logits, target).item()
+    total = LabelSmoothingLoss(eps, ignore_index=0, reduction="sum")(
+        logits, target
+    ).item()
     assert total == pytest.approx(sum(per_position), rel=1e-6)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.5])
 @pytest.mark.parametrize("ignore_index", [0, 4, -100])
-def test_equals_torch_cross_entropy_with_label_smoothing(eps: float, ignore_index: int) -> None:
+def test_equals_torch_cross_entropy_with_label_smoothing(
+    eps: float, ignore_index: int
+) -> None:
     V = 13
     logits, target = batch(V, pad_id=ignore_index)
     for reduction in ("mean", "sum", "none"):
-        ours = LabelSmoothingLoss(eps, ignore_index=ignore_index, reduction=reduction)(logits, target)
-        theirs = F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), label_smoothing=eps,
-                                 ignore_index=ignore_index, reduction=reduction)
+        ours = LabelSmoothingLoss(eps, ignore_index=ignore_index, reduction=reduction)(
+            logits, target
+        )
+        theirs = F.cross_entropy(
+            logits.reshape(-1, V),
+            target.reshape(-1),
+            label_smoothing=eps,
+            ignore_index=ignore_index,
+            reduction=reduction,
+        )
         assert torch.allclose(ours.reshape(theirs.shape), theirs, atol=1e-5), reduction
 
 
@@ -70,14 +86,17 @@ def test_kl_divergence_is_cross_entropy_minus_the_exact_entropy_constant() -> No
     logits, target = batch(V)
     keep = target != 0
     q = smoothed_targets(target, V, eps, ignore_index=0)
-    kl = F.kl_div(torch.log_softmax(logits, -1)[keep], q[keep], reduction="none").sum(-1)
+    log_p = torch.log_softmax(logits, -1)
+    kl = F.kl_div(log_p[keep], q[keep], reduction="none").sum(-1)
     ce = LabelSmoothingLoss(eps, ignore_index=0, reduction="none")(logits, target)[keep]
     on, off = 1 - eps + eps / V, eps / V
     h = -on * math.log(on) - (V - 1) * off * math.log(off)
     assert smoothing_entropy(V, eps) == pytest.approx(h, rel=1e-12)
     assert torch.allclose(ce - kl, torch.full_like(kl, h), atol=1e-5)
     # ... and the constant is also the smallest value of the loss, reached at p = q'.
-    at_optimum = LabelSmoothingLoss(eps, ignore_index=None)(torch.log(q[keep]), target[keep])
+    at_optimum = LabelSmoothingLoss(eps, ignore_index=None)(
+        torch.log(q[keep]), target[keep]
+    )
     assert at_optimum.item() == pytest.approx(h, rel=1e-5)
     assert smoothing_entropy(V, 0.0) == 0.0
 
@@ -86,14 +105,20 @@ def test_decomposition_nll_plus_uniform_cross_entropy() -> None:
     V, eps = 13, 0.2
     logits, target = batch(V)
     log_p = torch.log_softmax(logits, -1)
-    nll = F.nll_loss(log_p.reshape(-1, V), target.reshape(-1), ignore_index=0, reduction="none")
+    nll = F.nll_loss(
+        log_p.reshape(-1, V), target.reshape(-1), ignore_index=0, reduction="none"
+    )
     uniform = -log_p.mean(-1).reshape(-1)
-    expected = torch.where(target.reshape(-1) != 0, (1 - eps) * nll + eps * uniform, 0.0)
-    got = LabelSmoothingLoss(eps, ignore_index=0, reduction="none")(logits, target).reshape(-1)
+    expected = torch.where(
+        target.reshape(-1) != 0, (1 - eps) * nll + eps * uniform, 0.0
+    )
+    got = LabelSmoothingLoss(eps, ignore_index=0, reduction="none")(
+        logits, target
+    ).reshape(-1)
     assert torch.allclose(got, expected, atol=1e-6)
 
 
-# --- padding and reductions -------------------------------------------------------------------
+# --- padding and reductions -----------------------------------------------------------
 
 
 def test_ignored_positions_contribute_nothing_whatever_their_logits() -> None:
@@ -105,11 +130,15 @@ def test_ignored_positions_contribute_nothing_whatever_their_logits() -> None:
     for reduction in ("mean", "sum", "none"):
         loss_fn = LabelSmoothingLoss(0.1, ignore_index=0, reduction=reduction)
         assert torch.equal(loss_fn(logits, target), loss_fn(changed, target))
-    per_position = LabelSmoothingLoss(0.1, ignore_index=0, reduction="none")(logits, target)
+    per_position = LabelSmoothingLoss(0.1, ignore_index=0, reduction="none")(
+        logits, target
+    )
     assert per_position.shape == target.shape
     assert bool((per_position[pad] == 0).all()) and bool((per_position[~pad] > 0).all())
     mean = LabelSmoothingLoss(0.1, ignore_index=0)(logits, target)
-    assert mean.item() == pytest.approx(per_position.sum().item() / int((~pad).sum()), rel=1e-6)
+    assert mean.item() == pytest.approx(
+        per_position.sum().item() / int((~pad).sum()), rel=1e-6
+    )
     z = logits.clone().requires_grad_(True)
     LabelSmoothingLoss(0.1, ignore_index=0)(z, target).backward()
     assert bool((z.grad[pad] == 0).all()) and bool((z.grad[~pad] != 0).any())
@@ -134,11 +163,15 @@ def test_ignore_index_none_and_out_of_range_ignore_index() -> None:
     V = 7
     logits, target = batch(V)
     every = LabelSmoothingLoss(0.1, ignore_index=None)(logits, target)
-    theirs = F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), label_smoothing=0.1)
+    theirs = F.cross_entropy(
+        logits.reshape(-1, V), target.reshape(-1), label_smoothing=0.1
+    )
     assert torch.allclose(every, theirs, atol=1e-6)
     padded = target.masked_fill(target == 0, -100)
-    assert torch.allclose(LabelSmoothingLoss(0.1, ignore_index=-100)(logits, padded),
-                          LabelSmoothingLoss(0.1, ignore_index=0)(logits, target))
+    assert torch.allclose(
+        LabelSmoothingLoss(0.1, ignore_index=-100)(logits, padded),
+        LabelSmoothingLoss(0.1, ignore_index=0)(logits, target),
+    )
 
 
 def test_accepts_any_leading_shape_and_int32_targets() -> None:
@@ -150,16 +183,22 @@ def test_accepts_any_leading_shape_and_int32_targets() -> None:
     flat = loss_fn(logits.reshape(-1, V), target.reshape(-1))
     assert torch.allclose(loss_fn(logits, target), flat)
     assert torch.allclose(loss_fn(logits, target.int()), flat)
-    assert torch.allclose(loss_fn(logits[0, 0, 0], target[0, 0, 0]), loss_fn(logits[:1, 0, 0], target[:1, 0, 0]))
+    assert torch.allclose(
+        loss_fn(logits[0, 0, 0], target[0, 0, 0]),
+        loss_fn(logits[:1, 0, 0], target[:1, 0, 0]),
+    )
 
 
-# --- numerical safety -------------------------------------------------------------------------
+# --- numerical safety -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "dtype, big", [(torch.float32, 1e30), (torch.bfloat16, 1e30), (torch.float16, 65504.0)]
+    "dtype, big",
+    [(torch.float32, 1e30), (torch.bfloat16, 1e30), (torch.float16, 65504.0)],
 )
-def test_finite_loss_and_gradients_with_extreme_logits(dtype: torch.dtype, big: float) -> None:
+def test_finite_loss_and_gradients_with_extreme_logits(
+    dtype: torch.dtype, big: float
+) -> None:
     V = 13
     _, target = batch(V)
     gen = torch.Generator().manual_seed(0)
@@ -186,13 +225,18 @@ def test_half_precision_logits_match_float32(dtype: torch.dtype) -> None:
 
 
 def test_no_nan_where_probabilities_underflow_even_with_a_minus_inf_logit() -> None:
-    # A -inf logit (a token masked out of the vocabulary) makes the smoothed loss +inf,
-    # as the smoothed target gives that token mass; without smoothing the loss is finite.
+    # A -inf logit (a token masked out of the vocabulary) makes the smoothed loss
+    # +inf, as the smoothed target gives that token mass; without smoothing the loss
+    # is finite.
     z = torch.tensor([[0.0, 200.0, -float("inf"), 1.0]])
     y = torch.tensor([1])
-    assert LabelSmoothingLoss(0.0, ignore_index=None)(z, y).item() == pytest.approx(0.0, abs=1e-6)
+    assert LabelSmoothingLoss(0.0, ignore_index=None)(z, y).item() == pytest.approx(
+        0.0, abs=1e-6
+    )
     assert LabelSmoothingLoss(0.1, ignore_index=None)(z, y).item() == math.inf
-    assert not torch.isnan(LabelSmoothingLoss(0.1, ignore_index=0)(z, torch.tensor([0])))
+    assert not torch.isnan(
+        LabelSmoothingLoss(0.1, ignore_index=0)(z, torch.tensor([0]))
+    )
 
 
 def test_gradient_is_softmax_minus_smoothed_target() -> None:
@@ -205,7 +249,7 @@ def test_gradient_is_softmax_minus_smoothed_target() -> None:
     assert torch.allclose(z.grad, expected, atol=1e-6)
 
 
-# --- smoothed_targets -------------------------------------------------------------------------
+# --- smoothed_targets -----------------------------------------------------------------
 
 
 def test_smoothed_targets_values_and_sums() -> None:
@@ -219,12 +263,17 @@ def test_smoothed_targets_values_and_sums() -> None:
     true = q.gather(-1, target.unsqueeze(-1)).squeeze(-1)[keep]
     assert torch.allclose(true, torch.full_like(true, 1 - eps + eps / V))
     assert int((q[keep] == torch.tensor(eps / V)).sum(-1).min()) == V - 1
-    assert torch.equal(smoothed_targets(torch.tensor([2]), 5, 0.0, None), F.one_hot(torch.tensor([2]), 5).float())
+    assert torch.equal(
+        smoothed_targets(torch.tensor([2]), 5, 0.0, None),
+        F.one_hot(torch.tensor([2]), 5).float(),
+    )
     example = smoothed_targets(torch.tensor(2), 5, 0.1, ignore_index=None)
-    assert torch.allclose(example, torch.full((5,), 0.02).index_fill(0, torch.tensor([2]), 0.92))
+    assert torch.allclose(
+        example, torch.full((5,), 0.02).index_fill(0, torch.tensor([2]), 0.92)
+    )
 
 
-# --- errors -----------------------------------------------------------------------------------
+# --- errors ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("smoothing", [-0.1, 1.0, 1.5])
@@ -258,15 +307,25 @@ def test_bad_inputs_raise_clear_value_errors() -> None:
         smoothed_targets(target, 0)
 
 
-# --- rate -------------------------------------------------------------------------------------
+# --- rate -----------------------------------------------------------------------------
 
 
 def test_rate_matches_equation_3() -> None:
-    for d_model, warmup in [(512, 4000), (512, 8000), (256, 4000), (1024, 4000), (64, 10)]:
+    for d_model, warmup in [
+        (512, 4000),
+        (512, 8000),
+        (256, 4000),
+        (1024, 4000),
+        (64, 10),
+    ]:
         for step in [1, 2, 7, warmup - 1, warmup, warmup + 1, 3 * warmup, 100_000]:
-            expected = (1 / math.sqrt(d_model)) * min(1 / math.sqrt(step), step / warmup**1.5)
+            expected = (1 / math.sqrt(d_model)) * min(
+                1 / math.sqrt(step), step / warmup**1.5
+            )
             assert rate(step, d_model, warmup) == pytest.approx(expected, rel=1e-12)
-            assert rate(step, d_model, warmup, factor=2.5) == pytest.approx(2.5 * expected, rel=1e-12)
+            assert rate(step, d_model, warmup, factor=2.5) == pytest.approx(
+                2.5 * expected, rel=1e-12
+            )
     assert rate(0, 512) == 0.0
 
 
@@ -278,7 +337,9 @@ def test_rate_peaks_at_warmup_with_the_expected_value() -> None:
         assert values.index(max(values)) + 1 == warmup
         assert max(values) == pytest.approx((d_model * warmup) ** -0.5, rel=1e-12)
         # linear warmup: rate(s) / s is constant before the peak
-        assert rate(warmup // 2, d_model, warmup) == pytest.approx(rate(warmup, d_model, warmup) / 2)
+        assert rate(warmup // 2, d_model, warmup) == pytest.approx(
+            rate(warmup, d_model, warmup) / 2
+        )
     assert rate(100_000, 512) == pytest.approx(1.3975e-4, rel=1e-4)
 
 
@@ -293,11 +354,13 @@ def test_rate_rejects_bad_arguments() -> None:
         rate(1, 512, factor=0.0)
 
 
-# --- make_scheduler ---------------------------------------------------------------------------
+# --- make_scheduler -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("d_model, warmup, factor", [(512, 40, 1.0), (64, 7, 2.0)])
-def test_scheduler_gives_the_kth_update_rate_k(d_model: int, warmup: int, factor: float) -> None:
+def test_scheduler_gives_the_kth_update_rate_k(
+    d_model: int, warmup: int, factor: float
+) -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
     optimizer = make_optimizer(model)
@@ -324,7 +387,9 @@ def test_scheduler_requires_lr_one() -> None:
     with pytest.raises(ValueError, match="lr=1.0"):
         make_scheduler(optimizer, 512)
     with pytest.raises(ValueError, match="warmup_steps"):
-        make_scheduler(make_optimizer([nn.Parameter(torch.zeros(2))]), 512, warmup_steps=0)
+        make_scheduler(
+            make_optimizer([nn.Parameter(torch.zeros(2))]), 512, warmup_steps=0
+        )
 
 
 def test_scheduler_and_optimizer_resume_from_state_dicts() -> None:
@@ -338,7 +403,10 @@ def test_scheduler_and_optimizer_resume_from_state_dicts() -> None:
         optimizer.step()
         scheduler.step()
     buffer = io.BytesIO()
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, buffer)
+    torch.save(
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+        buffer,
+    )
     buffer.seek(0)
     state = torch.load(buffer, weights_only=True)
     # A new run: optimizer with lr 1.0, a scheduler, then the saved states.
@@ -350,7 +418,8 @@ def test_scheduler_and_optimizer_resume_from_state_dicts() -> None:
     optimizer2.step()
     scheduler2.step()
     assert optimizer2.param_groups[0]["lr"] == pytest.approx(rate(8, 64, 10), rel=1e-12)
-    # Creating the scheduler after loading the optimizer's state works too (initial_lr is kept).
+    # Creating the scheduler after loading the optimizer's state works too
+    # (initial_lr is kept).
     optimizer3 = make_optimizer(model)
     optimizer3.load_state_dict(state["optimizer"])
     scheduler3 = make_scheduler(optimizer3, 64, 10)
@@ -358,7 +427,7 @@ def test_scheduler_and_optimizer_resume_from_state_dicts() -> None:
     assert scheduler3.last_epoch == 6
 
 
-# --- make_optimizer ---------------------------------------------------------------------------
+# --- make_optimizer -------------------------------------------------------------------
 
 
 def test_make_optimizer_has_the_papers_settings() -> None:
@@ -369,9 +438,16 @@ def test_make_optimizer_has_the_papers_settings() -> None:
     assert group["lr"] == 1.0 and group["betas"] == (0.9, 0.98)
     assert group["eps"] == 1e-9 and group["weight_decay"] == 0.0
     assert len(group["params"]) == 4
-    custom = make_optimizer(model.parameters(), lr=3e-4, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.1)
+    custom = make_optimizer(
+        model.parameters(), lr=3e-4, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.1
+    )
     group = custom.param_groups[0]
-    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (3e-4, (0.9, 0.999), 1e-8, 0.1)
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (
+        3e-4,
+        (0.9, 0.999),
+        1e-8,
+        0.1,
+    )
 
 
 def test_make_optimizer_skips_frozen_and_counts_shared_parameters_once() -> None:
@@ -416,7 +492,7 @@ def test_eps_underflows_in_float16_but_not_in_float32_or_bfloat16() -> None:
 
 
 def test_target_ids_are_checked_on_the_cpu_and_not_read_elsewhere() -> None:
-    """The loss reads its target ids only on the CPU; a meta tensor's values cannot be read."""
+    """The loss reads its target ids on the CPU only (a meta tensor has no values)."""
     loss = LabelSmoothingLoss(0.1, ignore_index=0)
     with pytest.raises(ValueError, match="target ids must lie in"):
         loss(torch.randn(2, 3, 8), torch.tensor([[1, 2, 8], [3, 0, 0]]))

@@ -1,4 +1,4 @@
-"""The PDF check of scripts/build_pdf.py (CI builds the PDF itself, after the HTML book).
+"""The PDF check of scripts/build_pdf.py (CI builds the PDF itself, after the HTML).
 
 Building the PDF needs the built book and Chromium, so the tests do not; they check
 that its reading of the table of contents is the book's, and that its check of a PDF
@@ -43,4 +43,6 @@ def test_a_pdf_without_the_book_fails_the_check(tmp_path: Path) -> None:
     ]
     assert "title not among the PDF's bookmarks: 'The decoder'" in failures
     missing = build_pdf.check_pdf(build_pdf.book_contents(), tmp_path / "none.pdf")
-    assert missing == [f"{tmp_path / 'none.pdf'} does not exist: run scripts/build_pdf.py"]
+    assert missing == [
+        f"{tmp_path / 'none.pdf'} does not exist: run scripts/build_pdf.py"
+    ]

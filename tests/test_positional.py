@@ -1,4 +1,7 @@
-"""Tests of aiayn.positional (chapter 4): the sinusoidal table and the two position modules."""
+"""Tests of aiayn.positional (chapter 4).
+
+The sinusoidal table and the two position modules.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from aiayn.positional import (
 
 
 def closed_form(max_len: int, d_model: int) -> torch.Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), entry by entry."""
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)) and PE(pos, 2i+1) = cos(...), per entry."""
     out = torch.empty(max_len, d_model, dtype=torch.float64)
     for pos in range(max_len):
         for dim in range(d_model):
@@ -25,7 +28,7 @@ def closed_form(max_len: int, d_model: int) -> torch.Tensor:
 
 
 def shift_matrix(k: int, d_model: int) -> torch.Tensor:
-    """Block-diagonal M_k with PE(pos + k) = M_k PE(pos), built independently of the package."""
+    """Block-diagonal M_k with PE(pos + k) = M_k PE(pos), built without the package."""
     m = torch.zeros(d_model, d_model, dtype=torch.float64)
     for i in range(d_model // 2):
         theta = k / 10000 ** (2 * i / d_model)
@@ -36,24 +39,30 @@ def shift_matrix(k: int, d_model: int) -> torch.Tensor:
 
 def test_table_matches_the_closed_form() -> None:
     reference = closed_form(60, 16)
-    assert torch.allclose(sinusoidal_table(60, 16, dtype=torch.float64), reference, atol=1e-12)
+    assert torch.allclose(
+        sinusoidal_table(60, 16, dtype=torch.float64), reference, atol=1e-12
+    )
     table32 = sinusoidal_table(60, 16)
     assert table32.dtype == torch.float32 and table32.shape == (60, 16)
-    assert (table32.double() - reference).abs().max() <= 2**-25  # rounded once from float64
+    # rounded once from float64
+    assert (table32.double() - reference).abs().max() <= 2**-25
 
 
 def test_table_stays_exact_at_large_positions() -> None:
     # Position 4999: float32 arithmetic would be off by ~1e-4 here; the table is not.
     table = sinusoidal_table(5000, 8)
     angles = [4999 / 10000 ** (2 * i / 8) for i in range(4)]
-    exact = torch.tensor([f(a) for a in angles for f in (math.sin, math.cos)], dtype=torch.float64)
+    exact = torch.tensor(
+        [f(a) for a in angles for f in (math.sin, math.cos)], dtype=torch.float64
+    )
     assert torch.allclose(table[4999].double(), exact, atol=1e-7)
 
 
 def test_table_is_bounded_and_has_constant_norm() -> None:
     table = sinusoidal_table(1000, 64, dtype=torch.float64)
     assert table.abs().max() <= 1.0
-    norm = torch.full((1000,), math.sqrt(32.0), dtype=torch.float64)  # sqrt(d_model / 2)
+    # sqrt(d_model / 2)
+    norm = torch.full((1000,), math.sqrt(32.0), dtype=torch.float64)
     assert torch.allclose(table.norm(dim=-1), norm)
 
 
@@ -75,7 +84,9 @@ def test_shift_by_k_is_a_fixed_rotation(k: int) -> None:
 
 def test_dot_product_depends_only_on_the_offset() -> None:
     table = sinusoidal_table(200, 32, dtype=torch.float64)
-    omega = torch.tensor([10000 ** (-2 * i / 32) for i in range(16)], dtype=torch.float64)
+    omega = torch.tensor(
+        [10000 ** (-2 * i / 32) for i in range(16)], dtype=torch.float64
+    )
     for k in (-7, 1, 2, 40):
         expected = torch.cos(k * omega).sum()
         for pos in (50, 80, 120):
@@ -97,7 +108,9 @@ def test_sinusoidal_module_adds_the_table() -> None:
     x = torch.randn(3, 12, 16)
     out = module(x)
     assert out.shape == (3, 12, 16)
-    assert torch.allclose(out - x, closed_form(12, 16).float().expand(3, 12, 16), atol=1e-6)
+    assert torch.allclose(
+        out - x, closed_form(12, 16).float().expand(3, 12, 16), atol=1e-6
+    )
 
 
 def test_sinusoidal_table_is_a_non_persistent_buffer() -> None:
@@ -106,22 +119,33 @@ def test_sinusoidal_table_is_a_non_persistent_buffer() -> None:
     assert dict(module.named_buffers())["pe"].shape == (50, 16)
     assert "pe" not in module.state_dict()
     # Loading a state_dict saved with another max_len works: the table is not in it.
-    module.load_state_dict(SinusoidalPositionalEncoding(d_model=16, max_len=10).state_dict())
+    module.load_state_dict(
+        SinusoidalPositionalEncoding(d_model=16, max_len=10).state_dict()
+    )
 
 
 def test_buffer_moves_and_converts_with_the_module() -> None:
-    assert SinusoidalPositionalEncoding(16, max_len=20).to("meta").pe.device.type == "meta"
-    assert SinusoidalPositionalEncoding(16, max_len=20).double().pe.dtype == torch.float64
+    assert (
+        SinusoidalPositionalEncoding(16, max_len=20).to("meta").pe.device.type == "meta"
+    )
+    assert (
+        SinusoidalPositionalEncoding(16, max_len=20).double().pe.dtype == torch.float64
+    )
     if torch.cuda.is_available():
         module = SinusoidalPositionalEncoding(16, max_len=20).to("cuda")
-        assert module.pe.is_cuda and module(torch.randn(1, 5, 16, device="cuda")).is_cuda
+        assert (
+            module.pe.is_cuda and module(torch.randn(1, 5, 16, device="cuda")).is_cuda
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_embeddings_keep_their_dtype(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 6, 16)
-    modules = (SinusoidalPositionalEncoding(16, max_len=20), LearnedPositionalEmbedding(20, 16))
+    modules = (
+        SinusoidalPositionalEncoding(16, max_len=20),
+        LearnedPositionalEmbedding(20, 16),
+    )
     for module in modules:
         with torch.no_grad():
             out = module(x.to(dtype))
@@ -129,10 +153,13 @@ def test_half_precision_embeddings_keep_their_dtype(dtype: torch.dtype) -> None:
             assert torch.allclose(out.float(), module(x), atol=0.05)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: SinusoidalPositionalEncoding(d_model=16, max_len=30),
-    lambda: LearnedPositionalEmbedding(max_len=30, d_model=16),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: SinusoidalPositionalEncoding(d_model=16, max_len=30),
+        lambda: LearnedPositionalEmbedding(max_len=30, d_model=16),
+    ],
+)
 def test_offset_gives_the_encoding_of_later_positions(make) -> None:
     torch.manual_seed(0)
     module = make()
@@ -146,10 +173,13 @@ def test_offset_gives_the_encoding_of_later_positions(make) -> None:
         assert module(x[:, :2], offset=28).shape == (2, 2, 16)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: SinusoidalPositionalEncoding(d_model=16, max_len=30),
-    lambda: LearnedPositionalEmbedding(max_len=30, d_model=16),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: SinusoidalPositionalEncoding(d_model=16, max_len=30),
+        lambda: LearnedPositionalEmbedding(max_len=30, d_model=16),
+    ],
+)
 def test_bad_inputs_raise_clear_value_errors(make) -> None:
     module = make()
     x = torch.randn(2, 9, 16)
@@ -190,10 +220,13 @@ def test_learned_embedding_parameters_and_gradients() -> None:
     assert used.nonzero().flatten().tolist() == [3, 4, 5, 6, 7]
 
 
-@pytest.mark.parametrize("make", [
-    lambda: SinusoidalPositionalEncoding(d_model=64, max_len=30, dropout=0.5),
-    lambda: LearnedPositionalEmbedding(max_len=30, d_model=64, dropout=0.5),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: SinusoidalPositionalEncoding(d_model=64, max_len=30, dropout=0.5),
+        lambda: LearnedPositionalEmbedding(max_len=30, d_model=64, dropout=0.5),
+    ],
+)
 def test_dropout_acts_in_training_only(make) -> None:
     torch.manual_seed(0)
     module = make()

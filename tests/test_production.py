@@ -1,4 +1,4 @@
-"""Chapter 19: Hugging Face models into the book's Transformer, its models out to CTranslate2.
+"""Chapter 19: Hugging Face models into the book's Transformer, and out to CTranslate2.
 
 Every Hugging Face model here is made from its family's config class with random
 weights, saved with save_pretrained and loaded back from the folder: no network.
@@ -27,9 +27,9 @@ from transformers import (  # noqa: E402
 )
 
 from aiayn import Transformer, TransformerConfig  # noqa: E402
+from aiayn.cli import export_main  # noqa: E402
 from aiayn.data import load_multi30k, pretrained  # noqa: E402
 from aiayn.decoding import beam_search, greedy_search, translate  # noqa: E402
-from aiayn.cli import export_main  # noqa: E402
 from aiayn.production import (  # noqa: E402
     CTranslate2Model,
     config_from_huggingface,
@@ -108,7 +108,9 @@ def output_matrix(hf: Any) -> torch.Tensor:
     return hf.lm_head.weight
 
 
-def padded_batch(c: TransformerConfig, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_batch(
+    c: TransformerConfig, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(3, c.src_vocab_size - 1, (4, 9), generator=g)
     tgt = torch.randint(3, c.tgt_vocab_size - 1, (4, 6), generator=g)
@@ -226,7 +228,9 @@ def sentencepiece_marian(folder: Path) -> Any:
         unk_id=1,
         pad_id=-1,
     )
-    pieces = [line.split("\t")[0] for line in open(folder / "spm.vocab", encoding="utf-8")]
+    pieces = [
+        line.split("\t")[0] for line in open(folder / "spm.vocab", encoding="utf-8")
+    ]
     vocab = {"</s>": 0, "<unk>": 1}
     for piece in pieces:
         vocab.setdefault(piece, len(vocab))
@@ -263,11 +267,17 @@ def test_load_huggingface_from_a_folder_translates_as_generate(tmp_path: Path) -
     mine = translate(model, ours, texts, method="greedy", max_len=12)
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     out = hf.generate(
-        **batch, num_beams=1, do_sample=False, max_new_tokens=12, bad_words_ids=[[size - 1]]
+        **batch,
+        num_beams=1,
+        do_sample=False,
+        max_new_tokens=12,
+        bad_words_ids=[[size - 1]],
     )
     theirs = tokenizer.batch_decode(out, skip_special_tokens=True)
     assert mine == theirs
-    assert ours.id_to_token(0) == "</s>" and repr(ours).startswith("HuggingFaceTokenizer")
+    assert ours.id_to_token(0) == "</s>" and repr(ours).startswith(
+        "HuggingFaceTokenizer"
+    )
 
 
 def test_the_package_imports_without_the_extras() -> None:
@@ -287,15 +297,25 @@ def test_the_package_imports_without_the_extras() -> None:
         "        print(err)\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
     ).stdout
-    assert "pip install transformers sentencepiece sacremoses, or pip install " \
-           '"aiayn[hf] @ git+https://github.com/literate-transformer/aiayn"' in out, out
-    assert 'pip install ctranslate2, or pip install "aiayn[ctranslate2] @ git+' in out, out
+    assert (
+        "pip install transformers sentencepiece sacremoses, or pip install "
+        '"aiayn[hf] @ git+https://github.com/literate-transformer/aiayn"' in out
+    ), out
+    assert (
+        'pip install ctranslate2, or pip install "aiayn[ctranslate2] @ git+' in out
+    ), out
 
 
 def test_from_huggingface_refuses_what_it_cannot_convert() -> None:
-    with pytest.raises(ValueError, match="MarianMTModel or an FSMTForConditionalGeneration"):
+    with pytest.raises(
+        ValueError, match="MarianMTModel or an FSMTForConditionalGeneration"
+    ):
         from_huggingface(torch.nn.Linear(2, 2))
     uneven = marian(SIZES[0], decoder_ffn_dim=32)
     with pytest.raises(ValueError, match="different feed-forward widths"):
@@ -310,14 +330,18 @@ def test_from_huggingface_refuses_what_it_cannot_convert() -> None:
         from_huggingface(decoder_only)
 
 
-def test_a_folder_without_tokenizer_or_with_a_pickle_is_one_line(tmp_path: Path) -> None:
+def test_a_folder_without_tokenizer_or_with_a_pickle_is_one_line(
+    tmp_path: Path,
+) -> None:
     """At 22e25ab: a 38-line TypeError, and a 32-line UnpicklingError."""
     import os
 
     torch.manual_seed(0)
     folder = tmp_path / "no-tokenizer"
     marian(SIZES[0]).save_pretrained(folder)
-    with pytest.raises(ValueError, match="holds no tokenizer that transformers can read") as caught:
+    with pytest.raises(
+        ValueError, match="holds no tokenizer that transformers can read"
+    ) as caught:
         load_huggingface(folder)
     assert "\n" not in str(caught.value) and "source.spm" in str(caught.value)
 
@@ -329,7 +353,9 @@ def test_a_folder_without_tokenizer_or_with_a_pickle_is_one_line(tmp_path: Path)
     marian(SIZES[0]).save_pretrained(pickled)
     (pickled / "model.safetensors").unlink()
     torch.save({"model.shared.weight": Payload()}, pickled / "pytorch_model.bin")
-    with pytest.raises(ValueError, match="pickled weights file .* refuses to run") as caught:
+    with pytest.raises(
+        ValueError, match="pickled weights file .* refuses to run"
+    ) as caught:
         load_huggingface(pickled)
     assert "\n" not in str(caught.value)
     with pytest.raises(ValueError, match="cannot load .*missing"):
@@ -344,7 +370,9 @@ class Strings:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_converted_models_export_to_ctranslate2_exactly(family: str, tmp_path: Path) -> None:
+def test_converted_models_export_to_ctranslate2_exactly(
+    family: str, tmp_path: Path
+) -> None:
     """Post-norm, SiLU, a logit bias, a start token that is padding or </s>."""
     import ctranslate2
 
@@ -402,9 +430,16 @@ def test_quantized_export_leaves_the_model_as_it_was(tmp_path: Path) -> None:
 
 def test_export_command(shipped: tuple, tmp_path: Path, capsys: Any) -> None:
     out = tmp_path / "int8"
-    assert export_main(
-        ["--ctranslate2", str(out), "--pretrained", "multi30k-de-en", "--quantization", "int8"]
-    ) == 0
+    assert (
+        export_main(
+            [
+                "--ctranslate2",
+                str(out),
+                *"--pretrained multi30k-de-en --quantization int8".split(),
+            ]
+        )
+        == 0
+    )
     assert "7,578,624 parameters in int8" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {
         "aiayn_export.json",
@@ -414,12 +449,16 @@ def test_export_command(shipped: tuple, tmp_path: Path, capsys: Any) -> None:
     }
     vocab = json.loads((out / "shared_vocabulary.json").read_text(encoding="utf-8"))
     assert vocab[:4] == ["<pad>", "<s>", "</s>", "<unk>"] and len(vocab) == 8000
-    assert export_main(["--ctranslate2", str(out), "--pretrained", "multi30k-de-en"]) == 0
+    assert (
+        export_main(["--ctranslate2", str(out), "--pretrained", "multi30k-de-en"]) == 0
+    )
 
     keep = tmp_path / "notes"
     keep.mkdir()
     (keep / "notes.txt").write_text("keep me")
-    assert export_main(["--ctranslate2", str(keep), "--pretrained", "multi30k-de-en"]) == 2
+    assert (
+        export_main(["--ctranslate2", str(keep), "--pretrained", "multi30k-de-en"]) == 2
+    )
     assert "holds files that no export of this package wrote" in capsys.readouterr().err
     assert (keep / "notes.txt").read_text() == "keep me"
 
@@ -429,7 +468,12 @@ def test_export_command(shipped: tuple, tmp_path: Path, capsys: Any) -> None:
     assert export_main(args) == 2
     assert "holds no tokenizer" in capsys.readouterr().err
     missing = tmp_path / "no-such-model"  # not shipped, not a folder
-    assert export_main(["--ctranslate2", str(tmp_path / "y"), "--pretrained", str(missing)]) == 2
+    assert (
+        export_main(
+            ["--ctranslate2", str(tmp_path / "y"), "--pretrained", str(missing)]
+        )
+        == 2
+    )
     assert capsys.readouterr().err == f"error: there is no folder {missing}.\n"
     assert export_main(["--ctranslate2", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err == (
@@ -450,7 +494,9 @@ def test_config_options_default_to_the_paper() -> None:
     assert "positional.pe" in table.state_dict()
     plain = Transformer(TransformerConfig.tiny(11, scale_embeddings=False))
     assert plain.src_embed.scale == 1.0
-    assert Transformer(TransformerConfig.tiny(11, output_bias=True)).head.bias.shape == (11,)
+    assert Transformer(
+        TransformerConfig.tiny(11, output_bias=True)
+    ).head.bias.shape == (11,)
     with pytest.raises(ValueError, match="pad_id=2 equals eos_id=2"):
         TransformerConfig.tiny(11, pad_id=2)
     with pytest.raises(ValueError, match="output_bias must be True or False"):
@@ -472,7 +518,10 @@ def test_a_start_token_that_is_padding_decodes_as_with_the_cache() -> None:
 
 
 def test_ctranslate2_model_caps_outputs_at_the_position_table(tmp_path: Path) -> None:
-    """At 22e25ab a Marian of 64 positions failed on 5 short texts that translate handles."""
+    """At 22e25ab a Marian of 64 positions failed on 5 short texts.
+
+    `translate` handles those texts; the CTranslate2 export must too.
+    """
     tokenizer, size = sentencepiece_marian(tmp_path)
     torch.manual_seed(0)
     config = MarianConfig(
@@ -495,5 +544,8 @@ def test_ctranslate2_model_caps_outputs_at_the_position_table(tmp_path: Path) ->
     assert engine.translate(texts, method="greedy") == book
     with pytest.raises(ValueError, match="texts must be a list of strings"):
         engine.translate("ein Hund")  # at 22e25ab: translated character by character
-    with pytest.raises(ValueError, match="method must be 'beam' or 'greedy', got 'sample'"):
-        engine.translate(["ein Hund"], method="sample")  # at 22e25ab: run as beam search
+    with pytest.raises(
+        ValueError, match="method must be 'beam' or 'greedy', got 'sample'"
+    ):
+        # at 22e25ab: run as beam search
+        engine.translate(["ein Hund"], method="sample")

@@ -1,18 +1,20 @@
-"""How scripts/ship_pretrained.py offers and chooses candidates (it trains nothing)."""
+"""How the release scripts offer, choose and record models (they train nothing here).
+
+scripts/release/ship_pretrained.py and decoding_grid.py are importable because
+tests/conftest.py puts scripts/release/ on sys.path.
+"""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+import decoding_grid
+import ship_pretrained
+
+from aiayn.model import sha256_file
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import decoding_grid  # noqa: E402
-import ship_pretrained  # noqa: E402
-
-from aiayn.model import sha256_file  # noqa: E402
 
 
 def test_a_run_offers_last_averaged_and_the_mean_of_its_last_k_snapshots(
@@ -116,9 +118,8 @@ def test_each_recorded_contest_was_won_by_a_shipped_model_and_is_on_its_card():
                 c["valid_greedy_bleu"] <= held["valid_greedy_bleu"] for c in others
             )
             for run in contest["runs"]:
-                assert (
-                    path.parent / "runs" / f"{run['name']}.metrics.jsonl.gz"
-                ).is_file()
+                log = path.parent / "runs" / f"{run['name']}.metrics.jsonl.gz"
+                assert log.is_file()
             table = ship_pretrained.study_markdown(
                 contest["runs"], contest["candidates"]
             )
@@ -163,12 +164,11 @@ def test_each_recorded_decoding_grid_belongs_to_the_shipped_model_and_its_scores
 
 
 def test_the_recorded_decoding_command_names_the_data_by_its_variable_not_its_path():
+    script = "python scripts/release/decoding_grid.py"
     assert decoding_grid.command(["multi30k-de-en", "--data-dir", "/home/me/m30k"]) == (
-        "python scripts/decoding_grid.py multi30k-de-en --data-dir $AIAYN_MULTI30K_DIR"
+        f"{script} multi30k-de-en --data-dir $AIAYN_MULTI30K_DIR"
     )
-    assert decoding_grid.command(
-        ["multi30k-en-de", "--data-dir=/d", "--beams", "4"]
-    ) == (
-        "python scripts/decoding_grid.py multi30k-en-de --data-dir=$AIAYN_MULTI30K_DIR "
-        "--beams 4"
+    assert (
+        decoding_grid.command(["multi30k-en-de", "--data-dir=/d", "--beams", "4"])
+        == f"{script} multi30k-en-de --data-dir=$AIAYN_MULTI30K_DIR --beams 4"
     )

@@ -122,7 +122,7 @@ def test_chapter_code_and_its_module_fit_in_88_columns(chapter: Path) -> None:
         paths.append(f"src/aiayn/{module.split('.', 1)[1]}.py")
     result = ruff("check", "--select", "E501", *paths)
     assert result.returncode == 0, result.stdout
-    # ruff does not count a trailing "# noqa" pragma; the page shows it all the same
+    # ruff does not count a trailing noqa pragma; the page shows it all the same
     nb = jupytext.read(chapter)
     long = [
         line

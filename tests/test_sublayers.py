@@ -1,4 +1,7 @@
-"""Tests of aiayn.sublayers (chapter 6): the feed-forward network and the residual wrapper."""
+"""Tests of aiayn.sublayers (chapter 6).
+
+The position-wise feed-forward network and the residual wrapper.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ def randomize_norm(norm: nn.LayerNorm, seed: int) -> None:
         norm.bias.copy_(torch.randn(norm.bias.shape, generator=g))
 
 
-# --- PositionwiseFeedForward -------------------------------------------------------------
+# --- PositionwiseFeedForward ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
@@ -91,13 +94,18 @@ def test_ffn_is_position_wise() -> None:
 @pytest.mark.parametrize(("d_model", "d_ff"), [(512, 2048), (1024, 4096), (8, 3)])
 def test_ffn_parameter_count(d_model: int, d_ff: int) -> None:
     ffn = PositionwiseFeedForward(d_model, d_ff)
-    assert sum(p.numel() for p in ffn.parameters()) == 2 * d_model * d_ff + d_ff + d_model
+    assert (
+        sum(p.numel() for p in ffn.parameters()) == 2 * d_model * d_ff + d_ff + d_model
+    )
     assert ffn.w_1.in_features == d_model and ffn.w_1.out_features == d_ff
     assert ffn.w_2.in_features == d_ff and ffn.w_2.out_features == d_model
 
 
 def test_ffn_base_model_has_2099712_parameters() -> None:
-    assert sum(p.numel() for p in PositionwiseFeedForward(512, 2048).parameters()) == 2_099_712
+    assert (
+        sum(p.numel() for p in PositionwiseFeedForward(512, 2048).parameters())
+        == 2_099_712
+    )
 
 
 def test_ffn_hidden_dropout_only_in_training() -> None:
@@ -138,7 +146,7 @@ def test_ffn_width_mismatch_is_a_clear_error() -> None:
         ffn(torch.tensor(1.0))
 
 
-# --- Residual ----------------------------------------------------------------------------
+# --- Residual -------------------------------------------------------------------------
 
 
 def test_residual_post_norm_formula() -> None:
@@ -193,10 +201,13 @@ def test_residual_dropout_off_in_eval_on_in_train() -> None:
     torch.testing.assert_close(first, x + branch)
 
     res.train()
-    dropped_out = res(x, ffn) - x  # exactly the dropped-out branch, since pre-norm adds it to x
+    # exactly the dropped-out branch, since pre-norm adds it to x
+    dropped_out = res(x, ffn) - x
     zeroed = dropped_out == 0
     assert 0.2 < zeroed.float().mean().item() < 0.3
-    torch.testing.assert_close(dropped_out[~zeroed], branch[~zeroed] / 0.75, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        dropped_out[~zeroed], branch[~zeroed] / 0.75, atol=1e-5, rtol=1e-4
+    )
     assert not torch.equal(res(x, ffn), res(x, ffn))
 
 
@@ -237,7 +248,10 @@ def test_pre_norm_skip_path_is_the_identity() -> None:
     ("call", "message"),
     [
         (lambda res, x: res(x, lambda h: (h, None)), "must return one tensor"),
-        (lambda res, x: res(x, lambda h: h.mean(dim=1, keepdim=True)), "keep the shape"),
+        (
+            lambda res, x: res(x, lambda h: h.mean(dim=1, keepdim=True)),
+            "keep the shape",
+        ),
         (lambda res, x: res(x, lambda h: h[..., :4]), "keep the shape"),
         (lambda res, x: res(torch.randn(2, 5, 4), lambda h: h), "d_model=8"),
     ],
@@ -257,7 +271,7 @@ def test_residual_bad_arguments(kwargs: dict, message: str) -> None:
         Residual(**{"d_model": 8, **kwargs})
 
 
-# --- LayerNorm vs BatchNorm on padded batches --------------------------------------------
+# --- LayerNorm vs BatchNorm on padded batches -----------------------------------------
 
 
 def pad(sentences: list[torch.Tensor], length: int) -> torch.Tensor:
@@ -271,14 +285,22 @@ def test_layer_norm_ignores_batch_mates_and_padding_batch_norm_does_not() -> Non
     a = randn(5, 8, seed=0)
     mates = [randn(3, 8, seed=1), randn(2, 8, seed=2)]
     other = [3 * randn(4, 8, seed=3) + 1, randn(1, 8, seed=4)]
-    batches = [pad([a, *mates], 5), pad([a, *mates], 9), pad([a, *other], 5), pad([a], 5)]
+    batches = [
+        pad([a, *mates], 5),
+        pad([a, *mates], 9),
+        pad([a, *other], 5),
+        pad([a], 5),
+    ]
 
-    res = Residual(8)  # post-norm with a sublayer that returns zeros is a bare LayerNorm
+    # post-norm with a sublayer that returns zeros is a bare LayerNorm
+    res = Residual(8)
     randomize_norm(res.norm, seed=5)
     ln_outputs = [res(b, torch.zeros_like)[0, :5] for b in batches]
     for out in ln_outputs[1:]:
         torch.testing.assert_close(out, ln_outputs[0], atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(ln_outputs[0], by_hand_layer_norm(a, res.norm), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ln_outputs[0], by_hand_layer_norm(a, res.norm), atol=1e-5, rtol=1e-5
+    )
 
     bn = nn.BatchNorm1d(8)
     bn_outputs = [bn(b.transpose(1, 2)).transpose(1, 2)[0, :5] for b in batches]

@@ -1,4 +1,4 @@
-"""Tests of aiayn.variants (chapter 10): DecoderOnlyLM, EncoderOnlyModel and mask_tokens."""
+"""Tests of aiayn.variants (chapter 10): DecoderOnlyLM, EncoderOnlyModel and masking."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def n_params(module: nn.Module) -> int:
 
 
 def layer_params(d: int, d_ff: int) -> int:
-    """One encoder layer: attention 4d^2 + 4d, FFN 2 d d_ff + d_ff + d, two LayerNorms 4d."""
+    """One encoder layer: attention 4d^2 + 4d, FFN 2 d d_ff + d_ff + d, two norms 4d."""
     return 4 * d * d + 2 * d * d_ff + d_ff + 9 * d
 
 
@@ -38,7 +38,9 @@ def small_encoder(seed: int = 0, **kwargs) -> EncoderOnlyModel:
 
 
 def tokens(batch: int = 3, seq: int = 10, seed: int = 1, low: int = 0) -> torch.Tensor:
-    return torch.randint(low, V, (batch, seq), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        low, V, (batch, seq), generator=torch.Generator().manual_seed(seed)
+    )
 
 
 # ---------------------------------------------------------------- decoder-only
@@ -47,10 +49,13 @@ def tokens(batch: int = 3, seq: int = 10, seed: int = 1, low: int = 0) -> torch.
 def test_decoder_only_structure_and_shapes() -> None:
     lm = small_lm()
     assert isinstance(lm.embed, TokenEmbedding) and isinstance(lm.head, PredictionHead)
-    assert isinstance(lm.pos, LearnedPositionalEmbedding) and isinstance(lm.blocks, Encoder)
+    assert isinstance(lm.pos, LearnedPositionalEmbedding) and isinstance(
+        lm.blocks, Encoder
+    )
     assert all(layer.norm_first for layer in lm.blocks.layers)
     assert all(layer.ffn.activation == "gelu" for layer in lm.blocks.layers)
-    assert lm.blocks.norm is not None  # pre-norm stacks end with a LayerNorm (GPT-2's ln_f)
+    # pre-norm stacks end with a LayerNorm (GPT-2's ln_f)
+    assert lm.blocks.norm is not None
     with torch.no_grad():
         assert lm(tokens()).shape == (3, 10, V)
         assert lm(tokens(seq=T)).shape == (3, T, V)
@@ -79,8 +84,12 @@ def test_decoder_only_is_causal() -> None:
         changed[:, t] = (changed[:, t] + 1) % V
         with torch.no_grad():
             before, after = lm(x), lm(changed)
-        assert torch.allclose(before[:, :t], after[:, :t], atol=1e-6), f"positions before {t} moved"
-        assert (before[:, t:] - after[:, t:]).abs().amax() > 1e-3, f"position {t} did not move"
+        assert torch.allclose(before[:, :t], after[:, :t], atol=1e-6), (
+            f"positions before {t} moved"
+        )
+        assert (before[:, t:] - after[:, t:]).abs().amax() > 1e-3, (
+            f"position {t} did not move"
+        )
 
 
 def test_decoder_only_prefix_logits_do_not_depend_on_the_rest() -> None:
@@ -93,14 +102,23 @@ def test_decoder_only_prefix_logits_do_not_depend_on_the_rest() -> None:
 
 
 def test_decoder_only_matches_torch_transformer_encoder_with_causal_mask() -> None:
-    """The GPT stack is torch's pre-norm TransformerEncoder (GELU, final norm) with a causal mask."""
+    """The GPT stack is torch's pre-norm TransformerEncoder with a causal mask.
+
+    Both use GELU and a final LayerNorm.
+    """
     lm = small_lm()
     torch.manual_seed(2)
     with torch.no_grad():  # no LayerNorm at its default gain and bias
         for p in lm.blocks.parameters():
             p.add_(0.1 * torch.randn_like(p))
     layer = nn.TransformerEncoderLayer(
-        D_MODEL, N_HEADS, D_FF, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        D_MODEL,
+        N_HEADS,
+        D_FF,
+        dropout=0.0,
+        activation="gelu",
+        batch_first=True,
+        norm_first=True,
     )
     reference = nn.TransformerEncoder(
         layer, N_LAYERS, norm=nn.LayerNorm(D_MODEL), enable_nested_tensor=False
@@ -128,7 +146,8 @@ def test_decoder_only_matches_torch_transformer_encoder_with_causal_mask() -> No
             state[name] = value  # norm.weight, norm.bias
     reference.load_state_dict(state)
     x = torch.randn(2, 9, D_MODEL, generator=torch.Generator().manual_seed(3))
-    future = torch.ones(9, 9, dtype=torch.bool).triu(1)  # torch's convention: True = blocked
+    # torch's convention: True = blocked
+    future = torch.ones(9, 9, dtype=torch.bool).triu(1)
     with torch.no_grad():
         ours = lm.blocks(x, mask=causal_mask(9))
         theirs = reference(x, mask=future)
@@ -162,7 +181,8 @@ def test_generate_length_dtype_and_prompt() -> None:
     assert torch.equal(out[:, :4], prompt)
     assert int(out.min()) >= 0 and int(out.max()) < V
     assert torch.equal(lm.generate(prompt, 0), prompt)
-    assert lm.generate(prompt, T - 4, greedy=True).shape == (2, T)  # fills the context exactly
+    # fills the context exactly
+    assert lm.generate(prompt, T - 4, greedy=True).shape == (2, T)
 
 
 def test_greedy_generate_appends_the_argmax() -> None:
@@ -179,8 +199,12 @@ def test_sampling_is_reproducible_and_restores_the_mode() -> None:
     lm = small_lm()
     lm.train()
     prompt = tokens(batch=4, seq=2)
-    a = lm.generate(prompt, 8, temperature=0.7, generator=torch.Generator().manual_seed(5))
-    b = lm.generate(prompt, 8, temperature=0.7, generator=torch.Generator().manual_seed(5))
+    a = lm.generate(
+        prompt, 8, temperature=0.7, generator=torch.Generator().manual_seed(5)
+    )
+    b = lm.generate(
+        prompt, 8, temperature=0.7, generator=torch.Generator().manual_seed(5)
+    )
     assert torch.equal(a, b) and a.shape == (4, 10)
     assert lm.training  # generate switched to eval and back
 
@@ -188,7 +212,9 @@ def test_sampling_is_reproducible_and_restores_the_mode() -> None:
 def test_low_temperature_sampling_approaches_greedy() -> None:
     lm = small_lm()
     prompt = tokens(batch=4, seq=2)
-    cold = lm.generate(prompt, 6, temperature=1e-4, generator=torch.Generator().manual_seed(0))
+    cold = lm.generate(
+        prompt, 6, temperature=1e-4, generator=torch.Generator().manual_seed(0)
+    )
     assert torch.equal(cold, lm.generate(prompt, 6, greedy=True))
 
 
@@ -202,14 +228,16 @@ def test_generate_errors() -> None:
     with pytest.raises(ValueError, match=r"\[0, vocab_size\)"):
         lm.generate(torch.tensor([[0, V + 3]]), 2)
     with pytest.raises(ValueError, match=r"\[0, vocab_size\)"):
-        lm.generate(torch.tensor([[0, V + 3]]), 0)  # checked even when nothing is generated
+        # checked even when nothing is generated
+        lm.generate(torch.tensor([[0, V + 3]]), 0)
     with pytest.raises(ValueError, match="temperature"):
         lm.generate(prompt, 2, temperature=0.0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         lm.generate(prompt, -1)
     with pytest.raises(ValueError, match="max_new_tokens"):
         lm.generate(prompt, 2.0)
-    assert lm.generate(prompt, 2, temperature=0.0, greedy=True).shape == (1, 7)  # greedy ignores T
+    # greedy ignores T
+    assert lm.generate(prompt, 2, temperature=0.0, greedy=True).shape == (1, 7)
 
 
 # ---------------------------------------------------------------- encoder-only
@@ -217,7 +245,8 @@ def test_generate_errors() -> None:
 
 def test_encoder_only_structure_and_shapes() -> None:
     model = small_encoder(pad_id=0, n_classes=5)
-    assert not model.encoder.layers[0].norm_first and model.encoder.norm is None  # post-norm, as BERT
+    # post-norm, as BERT
+    assert not model.encoder.layers[0].norm_first and model.encoder.norm is None
     x = tokens(low=1)
     with torch.no_grad():
         assert model.encode(x).shape == (3, 10, D_MODEL)
@@ -240,7 +269,9 @@ def test_encoder_only_is_bidirectional() -> None:
     with torch.no_grad():
         before, after = model.encode(x), model.encode(changed)
     moved = (before - after).abs().amax(dim=(0, 2))  # per position: [10]
-    assert bool((moved > 1e-4).all()), "every position, before and after 7, must see token 7"
+    assert bool((moved > 1e-4).all()), (
+        "every position, before and after 7, must see token 7"
+    )
 
 
 @pytest.mark.parametrize("pool", ["first", "mean"])
@@ -253,8 +284,12 @@ def test_encoder_only_padding_invariance(pool: str) -> None:
     with torch.no_grad():
         assert torch.allclose(model.encode(padded)[:, :6], model.encode(x), atol=1e-5)
         assert torch.allclose(model.classify(padded), model.classify(x), atol=1e-5)
-        assert torch.allclose(model.encode(ragged)[1, :4], model.encode(x[1:, :4])[0], atol=1e-5)
-        assert torch.allclose(model.classify(ragged)[1], model.classify(x[1:, :4])[0], atol=1e-5)
+        assert torch.allclose(
+            model.encode(ragged)[1, :4], model.encode(x[1:, :4])[0], atol=1e-5
+        )
+        assert torch.allclose(
+            model.classify(ragged)[1], model.classify(x[1:, :4])[0], atol=1e-5
+        )
 
 
 def test_encoder_only_mean_pooling_is_the_mean_of_real_tokens() -> None:
@@ -262,7 +297,9 @@ def test_encoder_only_mean_pooling_is_the_mean_of_real_tokens() -> None:
     x = torch.tensor([[3, 4, 5, 0, 0]])
     with torch.no_grad():
         h = model.encode(x)
-        assert torch.allclose(model.classify(x), model.classifier(h[:, :3].mean(1)), atol=1e-6)
+        assert torch.allclose(
+            model.classify(x), model.classifier(h[:, :3].mean(1)), atol=1e-6
+        )
 
 
 def test_encoder_only_errors() -> None:
@@ -285,16 +322,26 @@ def test_encoder_only_errors() -> None:
 def test_mask_tokens_proportions_labels_and_kept_ids() -> None:
     x = torch.randint(4, 500, (200, 200), generator=torch.Generator().manual_seed(0))
     x[:, -20:] = 0
-    inputs, labels = mask_tokens(x, mask_id=3, vocab_size=500, keep_ids=(0,), generator=torch.Generator().manual_seed(1))
+    inputs, labels = mask_tokens(
+        x,
+        mask_id=3,
+        vocab_size=500,
+        keep_ids=(0,),
+        generator=torch.Generator().manual_seed(1),
+    )
     assert inputs.shape == labels.shape == x.shape and inputs.dtype == x.dtype
     chosen = labels != -100
     assert not chosen[:, -20:].any()  # padding is never chosen
     assert abs(chosen[:, :-20].float().mean().item() - 0.15) < 0.01
-    assert torch.equal(labels[chosen], x[chosen]) and torch.equal(inputs[~chosen], x[~chosen])
+    assert torch.equal(labels[chosen], x[chosen]) and torch.equal(
+        inputs[~chosen], x[~chosen]
+    )
     masked = (inputs[chosen] == 3).float().mean().item()
     kept = (inputs[chosen] == x[chosen]).float().mean().item()
     assert abs(masked - 0.8) < 0.02 and abs(kept - 0.1) < 0.02
-    again = mask_tokens(x, 3, 500, keep_ids=(0,), generator=torch.Generator().manual_seed(1))
+    again = mask_tokens(
+        x, 3, 500, keep_ids=(0,), generator=torch.Generator().manual_seed(1)
+    )
     assert torch.equal(again[0], inputs) and torch.equal(again[1], labels)
 
 
@@ -313,9 +360,18 @@ def test_mask_tokens_errors() -> None:
 
 def test_parameter_count_formulas() -> None:
     lm = small_lm()
-    assert n_params(lm) == (V + T) * D_MODEL + N_LAYERS * layer_params(D_MODEL, D_FF) + 2 * D_MODEL
+    assert (
+        n_params(lm)
+        == (V + T) * D_MODEL + N_LAYERS * layer_params(D_MODEL, D_FF) + 2 * D_MODEL
+    )
     model = small_encoder(pad_id=0, n_classes=4)
-    expected = (V + T) * D_MODEL + 2 * D_MODEL + N_LAYERS * layer_params(D_MODEL, D_FF) + V + (D_MODEL + 1) * 4
+    expected = (
+        (V + T) * D_MODEL
+        + 2 * D_MODEL
+        + N_LAYERS * layer_params(D_MODEL, D_FF)
+        + V
+        + (D_MODEL + 1) * 4
+    )
     assert n_params(model) == expected
 
 
@@ -325,35 +381,51 @@ def test_gpt2_small_and_bert_base_sizes() -> None:
         bert = EncoderOnlyModel(30522, 512, 12, 768, 12, 3072, pad_id=0)
     assert n_params(gpt2) == 124_439_808  # the released GPT-2 small checkpoint
     d = 768
-    bert_released = n_params(bert) - 30522 + 2 * d + (d * d + d)  # - head bias + segments + pooler
-    assert bert_released == 109_482_240  # the released BERT-base checkpoint (published: 110M)
+    # minus the head's bias, plus the segment embeddings and the pooler
+    bert_released = n_params(bert) - 30522 + 2 * d + (d * d + d)
+    # the released BERT-base checkpoint (published: 110M)
+    assert bert_released == 109_482_240
 
 
 # --------------------------------------------------------------------- training
 
 
 def alphabet_runs(n_words: int, seed: int) -> str:
-    """Toy text: words of 4 consecutive letters of 'abcdefgh' (cyclic), random starts: 'efgh habc ...'."""
-    firsts = torch.randint(0, 8, (n_words,), generator=torch.Generator().manual_seed(seed)).tolist()
-    return " ".join("".join("abcdefgh"[(first + k) % 8] for k in range(4)) for first in firsts)
+    """Toy text: words of 4 consecutive letters of 'abcdefgh' (cyclic), random starts.
+
+    For example 'efgh habc ...'.
+    """
+    firsts = torch.randint(
+        0, 8, (n_words,), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
+    return " ".join(
+        "".join("abcdefgh"[(first + k) % 8] for k in range(4)) for first in firsts
+    )
 
 
 def test_decoder_only_training_smoke() -> None:
-    """40 steps of AdamW: the loss falls well below the unigram baseline (it needs the previous letter)."""
+    """40 steps of AdamW: the loss falls well below the unigram baseline.
+
+    To get there the model must use the previous letter.
+    """
     text = alphabet_runs(500, seed=0)
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text])
     freq = torch.bincount(data).double() / len(data)
     unigram = -(freq * freq.log()).sum().item()  # about 2.16 nats, log V = 2.20
     torch.manual_seed(0)
-    lm = DecoderOnlyLM(len(chars), 24, n_layers=1, d_model=32, n_heads=2, d_ff=64, dropout=0.0)
+    lm = DecoderOnlyLM(
+        len(chars), 24, n_layers=1, d_model=32, n_heads=2, d_ff=64, dropout=0.0
+    )
     optimizer = torch.optim.AdamW(lm.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(0)
     losses = []
     for _ in range(40):
         rows = torch.randint(0, len(data) - 25, (16,), generator=g)
         window = data[rows[:, None] + torch.arange(25)]
-        loss = F.cross_entropy(lm(window[:, :-1]).flatten(0, 1), window[:, 1:].flatten())
+        loss = F.cross_entropy(
+            lm(window[:, :-1]).flatten(0, 1), window[:, 1:].flatten()
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -363,16 +435,24 @@ def test_decoder_only_training_smoke() -> None:
 
 
 def test_encoder_only_mlm_training_smoke() -> None:
-    """The masked-token loss of one fixed batch falls to near zero: gradients reach every part."""
+    """The masked-token loss of one fixed batch falls to near zero.
+
+    So the gradients reach every part of the model.
+    """
     x = torch.randint(1, V, (8, 16), generator=torch.Generator().manual_seed(0))
-    inputs, labels = mask_tokens(x, 0, V, keep_ids=(0,), generator=torch.Generator().manual_seed(0))
+    inputs, labels = mask_tokens(
+        x, 0, V, keep_ids=(0,), generator=torch.Generator().manual_seed(0)
+    )
     assert (labels != -100).sum() > 5
     torch.manual_seed(0)
-    model = EncoderOnlyModel(V, 16, n_layers=1, d_model=32, n_heads=2, d_ff=64, dropout=0.0)
+    model = EncoderOnlyModel(
+        V, 16, n_layers=1, d_model=32, n_heads=2, d_ff=64, dropout=0.0
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(30):
-        loss = F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten())  # ignore_index=-100
+        # ignore_index=-100
+        loss = F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten())
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

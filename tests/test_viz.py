@@ -1,4 +1,7 @@
-"""Tests of aiayn.viz (chapter 17): recording attention with hooks, statistics, head removal, charts."""
+"""Tests of aiayn.viz (chapter 17).
+
+Recording attention with hooks, head statistics, head removal and the charts.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +13,24 @@ import torch
 
 from aiayn import Transformer, TransformerConfig
 from aiayn.decoding import greedy_search
-from aiayn.train import TrainConfig, Trainer, encode_pairs, make_loader, synthetic_pairs, synthetic_tokenizer
+from aiayn.train import (
+    TrainConfig,
+    Trainer,
+    encode_pairs,
+    make_loader,
+    synthetic_pairs,
+    synthetic_tokenizer,
+)
 from aiayn.viz import (
     ATTENTION_KINDS,
     STATISTICS,
+    SentenceAttention,
     attention_chart,
     attention_layers,
     attention_maps,
     head_ablation,
     head_statistics,
     heads_chart,
-    SentenceAttention,
     record_attention,
     sentence_attention,
     statistics_chart,
@@ -41,7 +51,9 @@ def tiny(seed: int = 0, **overrides) -> Transformer:
 
 
 def n_hooks(model: torch.nn.Module) -> int:
-    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    return sum(
+        len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules()
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -55,17 +67,26 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def reverser() -> tuple[Transformer, object, list]:
-    """A tiny model trained for 400 steps on reversing digit strings (chapter 17's run), on one thread."""
+    """A tiny model trained for 400 steps to reverse digit strings, on one thread.
+
+    This is chapter 17's run.
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         digits = synthetic_tokenizer(10)
-        train = encode_pairs(digits, synthetic_pairs("reverse", 20_000, 10, 3, 8, seed=1))
+        train = encode_pairs(
+            digits, synthetic_pairs("reverse", 20_000, 10, 3, 8, seed=1)
+        )
         test = encode_pairs(digits, synthetic_pairs("reverse", 100, 10, 3, 8, seed=2))
         torch.manual_seed(0)
         model = Transformer(TransformerConfig.tiny(digits.vocab_size, max_len=9))
-        config = TrainConfig(steps=400, warmup=100, factor=2.0, log_every=0, device="cpu", progress=False)
-        Trainer(model, config, make_loader(train, digits, 1024, bucket_size=1), log=None).fit()
+        config = TrainConfig(
+            steps=400, warmup=100, factor=2.0, log_every=0, device="cpu", progress=False
+        )
+        Trainer(
+            model, config, make_loader(train, digits, 1024, bucket_size=1), log=None
+        ).fit()
     finally:
         torch.set_num_threads(threads)
     return model.eval(), digits, test
@@ -112,9 +133,11 @@ def test_callers_get_what_they_asked_for() -> None:
     with torch.no_grad(), record_attention(model) as record:
         assert layer(x)[1] is None
         assert layer(x, need_weights=True)[1].shape == (2, 4, 5, 5)
-        assert layer(x, None, None, True)[1].shape == (2, 4, 5, 5)  # need_weights by position
+        # need_weights by position
+        assert layer(x, None, None, True)[1].shape == (2, 4, 5, 5)
         assert layer(x, None, None, False)[1] is None
-    assert record["encoder"][0].shape == (2, 4, 4 * 5, 5)  # four calls stacked along the queries
+    # four calls stacked along the queries
+    assert record["encoder"][0].shape == (2, 4, 4 * 5, 5)
 
 
 def test_shapes_rows_and_masks() -> None:
@@ -153,7 +176,7 @@ def test_step_by_step_decoding_equals_teacher_forcing() -> None:
     with record_attention(model) as record:
         result = greedy_search(model, SRC[:1], max_len=6)
     steps = record["cross"][0].size(2)
-    tgt = torch.cat([torch.tensor([[BOS]]), result.tokens[:, :steps - 1]], dim=1)
+    tgt = torch.cat([torch.tensor([[BOS]]), result.tokens[:, : steps - 1]], dim=1)
     forced = attention_maps(model, SRC[:1], tgt)
     for kind in ATTENTION_KINDS:
         assert torch.allclose(record.stacked(kind), forced[kind], atol=1e-5)
@@ -191,16 +214,22 @@ def test_without_heads() -> None:
             three = layer(x)[0]
             # the hand-made equivalent: zero head 0's slice of the concatenation
             q, k, v = layer.in_proj(x).chunk(3, -1)
-            heads = [torch.softmax(q[..., s] @ k[..., s].transpose(1, 2) / 4, -1) @ v[..., s]
-                     for s in (slice(i * 16, (i + 1) * 16) for i in range(4))]
+            heads = [
+                torch.softmax(q[..., s] @ k[..., s].transpose(1, 2) / 4, -1) @ v[..., s]
+                for s in (slice(i * 16, (i + 1) * 16) for i in range(4))
+            ]
             heads[0] = torch.zeros_like(heads[0])
             by_hand = layer.out_proj(torch.cat(heads, -1))
     assert torch.allclose(none, layer.out_proj.bias.expand_as(none))
     assert torch.allclose(three, by_hand, atol=1e-5)
     assert not torch.allclose(three, full)
     assert n_hooks(model) == 0
-    for bad, message in [(("encoder", 2, 0), "layers 0 to 1"), (("cross", 0, 4), "heads 0 to 3"),
-                         (("self", 0, 0), "kind must be one of"), (("encoder", 0), "triples")]:
+    for bad, message in [
+        (("encoder", 2, 0), "layers 0 to 1"),
+        (("cross", 0, 4), "heads 0 to 3"),
+        (("self", 0, 0), "kind must be one of"),
+        (("encoder", 0), "triples"),
+    ]:
         with pytest.raises(ValueError, match=message):
             with without_heads(model, [bad]):
                 pass
@@ -219,19 +248,30 @@ def test_head_ablation_shapes_and_baseline() -> None:
 
 def test_head_statistics_of_an_untrained_model() -> None:
     model = tiny()
-    pairs = [([5, 9, 7, 4, 5], [4, 12, 7, 12, 4]), ([8, 3], [9, 9]), ([6, 6, 7], [7, 7, 8, 9])]
+    pairs = [
+        ([5, 9, 7, 4, 5], [4, 12, 7, 12, 4]),
+        ([8, 3], [9, 9]),
+        ([6, 6, 7], [7, 7, 8, 9]),
+    ]
     stats = head_statistics(model, pairs, batch_size=2, special={"six": {6}})
     assert {kind: tuple(s) for kind, s in stats.items()} == {
-        kind: (*STATISTICS[kind], "six") for kind in ATTENTION_KINDS}
+        kind: (*STATISTICS[kind], "six") for kind in ATTENTION_KINDS
+    }
     for kind, s in stats.items():
         for name, v in s.items():
             assert v.shape == (2, 4)
             if name not in ("distance", "entropy", "order"):
                 assert ((v >= 0) & (v <= 1) | v.isnan()).all(), (kind, name)
-    assert stats["decoder_self"]["six"].isnan().all()  # no target token is a 6: NaN, not 0
+    # no target token is a 6: NaN, not 0
+    assert stats["decoder_self"]["six"].isnan().all()
     assert (stats["encoder"]["entropy"] >= 0).all()
     rows = statistics_rows(stats["cross"])
-    assert len(rows) == 8 and set(rows[0]) == {"layer", "head", *STATISTICS["cross"], "six"}
+    assert len(rows) == 8 and set(rows[0]) == {
+        "layer",
+        "head",
+        *STATISTICS["cross"],
+        "six",
+    }
     with pytest.raises(ValueError, match="replace built-in"):
         head_statistics(model, pairs, special={"copy": {6}})
 
@@ -241,15 +281,24 @@ def test_reverse_model_draws_the_anti_diagonal(reverser) -> None:
     order = head_statistics(model, test)["cross"]["order"]  # [layers, heads]
     assert order.min() < -0.9  # some head follows the source backwards
     sa = sentence_attention(model, digits, "2 7 1 8 4 5 9 0", "0 9 5 4 8 1 7 2")
-    assert sa.source == list("27184590") and sa.output[-1] == "</s>" and sa.target[0] == "<s>"
-    looked_at = sa.weights["cross"][-1].mean(0).argmax(-1)[:8]  # last layer, mean of the heads
+    assert (
+        sa.source == list("27184590")
+        and sa.output[-1] == "</s>"
+        and sa.target[0] == "<s>"
+    )
+    # last layer, mean of the heads
+    looked_at = sa.weights["cross"][-1].mean(0).argmax(-1)[:8]
     assert (looked_at == torch.arange(7, -1, -1)).sum() >= 7
 
 
 def test_sentence_attention_with_greedy_output(reverser) -> None:
     model, digits, _ = reverser
     sa = sentence_attention(model, digits, "1 2 3")
-    assert len(sa.target) == len(sa.output) and sa.target[0] == "<s>" and sa.output[-1] == "</s>"
+    assert (
+        len(sa.target) == len(sa.output)
+        and sa.target[0] == "<s>"
+        and sa.output[-1] == "</s>"
+    )
     assert sa.weights["cross"].shape[2:] == (len(sa.output), 3)
     with pytest.raises(ValueError, match="no tokens"):
         sentence_attention(model, digits, "")
@@ -261,10 +310,15 @@ PHONE_CHART_WIDTH = 368 - 28
 
 
 def test_the_grid_of_heads_shows_the_tokens_and_fits_a_phone() -> None:
-    """Every panel of heads_chart carries the key tokens, every row the query tokens; two heads to a row."""
+    """Every panel of heads_chart carries the key tokens, every row the query tokens.
+
+    At most two heads share a row, so that the chart fits a phone.
+    """
     vlc = pytest.importorskip("vl_convert")
     pytest.importorskip("altair")
-    source = "▁Ein ▁Mann ▁hält ▁ein ▁kleines ▁Kind , ▁das ▁einen ▁Rucksack ▁trägt .".split()
+    source = (
+        "▁Ein ▁Mann ▁hält ▁ein ▁kleines ▁Kind , ▁das ▁einen ▁Rucksack ▁trägt .".split()
+    )
     output = "▁A ▁man ▁holding ▁a ▁small ▁child ▁wearing ▁a ▁backpack . </s>".split()
     torch.manual_seed(0)
     weights = {  # chapter 17's sentence and model shape: 3 layers of 4 heads
@@ -275,15 +329,20 @@ def test_the_grid_of_heads_shows_the_tokens_and_fits_a_phone() -> None:
     sa = SentenceAttention(source, ["<s>", *output[:-1]], output, weights)
     for kind in ATTENTION_KINDS:
         spec = heads_chart(sa, kind).to_dict()
-        assert spec.get("columns", sa.n_heads) <= 2, "a wrapped facet, at most two heads to a row"
+        assert spec.get("columns", sa.n_heads) <= 2, (
+            "a wrapped facet, at most two heads to a row"
+        )
         svg = vlc.vegalite_to_svg(spec)
         width = float(re.search(r'<svg[^>]* width="([0-9.]+)"', svg).group(1))
         assert width <= PHONE_CHART_WIDTH, f"{kind}: {width} px"
-        texts = [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg)]
+        texts = [
+            html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+        ]
         queries, keys = sa.axes(kind)
         assert all(f"layer {l}, head {h}" in texts for l in range(3) for h in range(4))
         for token in keys:
-            assert texts.count(token) >= 12, (kind, token)  # under each of the 12 panels
+            # under each of the 12 panels
+            assert texts.count(token) >= 12, (kind, token)
         for token in queries:
             assert texts.count(token) >= 6, (kind, token)  # beside each of the 6 rows
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Beam size and length penalty of a shipped model, measured on the validation set.
 
-    python scripts/decoding_grid.py multi30k-de-en --data-dir DIR
-    python scripts/decoding_grid.py multi30k-en-de --beams 4 6 --alphas 0.6 1.2
+    python scripts/release/decoding_grid.py multi30k-de-en --data-dir DIR
+    python scripts/release/decoding_grid.py multi30k-en-de --beams 4 6 --alphas 0.6 1.2
 
 Loads the shipped model the way users load it (`aiayn.data.pretrained`), decodes
 the 1,014 validation sentences with greedy search and with beam search for every
@@ -27,18 +27,13 @@ import sacrebleu
 import torch
 from sacrebleu.significance import PairedTest
 
-# scripts/ is on sys.path when this runs as a script
+# this file's folder, scripts/release/, is on sys.path when it runs as a script
 from ship_pretrained import cpu_name, head_commit
 
-from aiayn.data import (
-    evaluate_bleu,
-    load_multi30k,
-    pretrained,
-    pretrained_file,
-)
+from aiayn.data import evaluate_bleu, load_multi30k, pretrained, pretrained_file
 from aiayn.model import sha256_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER = (4, 0.6)  # the paper's beam size and alpha (section 6.1)
 
 
@@ -74,7 +69,7 @@ def command(argv: list[str]) -> str:
             words[i + 1] = "$AIAYN_MULTI30K_DIR"
         elif word.startswith("--data-dir="):
             words[i] = "--data-dir=$AIAYN_MULTI30K_DIR"
-    return " ".join(["python scripts/decoding_grid.py", *words])
+    return " ".join(["python scripts/release/decoding_grid.py", *words])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The recipe study of chapter 16: variants of BOOK_RECIPE, judged on the validation set.
+"""Chapter 16's recipe study: variants of BOOK_RECIPE, judged on the validation set.
 
-    python scripts/recipe_study.py                 # every variant, one after the other
-    python scripts/recipe_study.py book postnorm   # only the named ones
+    python scripts/release/recipe_study.py                 # every variant, in turn
+    python scripts/release/recipe_study.py book post-norm  # only the named ones
 
 Each variant changes one or two fields of BOOK_RECIPE (the five-minute CPU model),
 trains with chapter 16's train_multi30k on one CPU thread, and is scored by greedy
@@ -24,11 +24,19 @@ from pathlib import Path
 
 import torch
 
-from aiayn import TransformerConfig
-from aiayn.data import BOOK_RECIPE, Multi30kRecipe, evaluate_bleu, load_multi30k, train_multi30k
-from ship_pretrained import cpu_name, head_commit  # scripts/ is on sys.path when run as a script
+# this file's folder, scripts/release/, is on sys.path when it runs as a script
+from ship_pretrained import cpu_name, head_commit
 
-ROOT = Path(__file__).resolve().parents[1]
+from aiayn import TransformerConfig
+from aiayn.data import (
+    BOOK_RECIPE,
+    Multi30kRecipe,
+    evaluate_bleu,
+    load_multi30k,
+    train_multi30k,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "results" / "recipe-study" / "study.jsonl"
 
 # name -> the fields that differ from BOOK_RECIPE
@@ -60,9 +68,16 @@ def variant(changes: dict) -> Multi30kRecipe:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("variants", nargs="*", help=f"some of {', '.join(VARIANTS)} (default: all)")
-    p.add_argument("--data-dir", help="the Multi30k directory (default: $AIAYN_MULTI30K_DIR, else the cache)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "variants", nargs="*", help=f"some of {', '.join(VARIANTS)} (default: all)"
+    )
+    p.add_argument(
+        "--data-dir",
+        help="the Multi30k directory (default: $AIAYN_MULTI30K_DIR, else the cache)",
+    )
     args = p.parse_args(argv)
     unknown = [name for name in args.variants if name not in VARIANTS]
     if unknown:
@@ -74,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.variants or list(VARIANTS):
         recipe = variant(VARIANTS[name])
         start = time.perf_counter()
-        model, tokenizer, history = train_multi30k(recipe, args.data_dir, device="cpu", log=None)
+        model, tokenizer, history = train_multi30k(
+            recipe, args.data_dir, device="cpu", log=None
+        )
         seconds = time.perf_counter() - start
         result = evaluate_bleu(model, tokenizer, valid, method="greedy")
         row = {

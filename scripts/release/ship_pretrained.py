@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Choose a trained Multi30k model on the validation set, ship it in float16, score it.
 
-    python scripts/ship_pretrained.py --name multi30k-de-en \\
+    python scripts/release/ship_pretrained.py --name multi30k-de-en \\
         checkpoints/long-dropout01 checkpoints/long-dropout03
-    python scripts/ship_pretrained.py checkpoints/study-de-en-dropout03-12k \\
+    python scripts/release/ship_pretrained.py checkpoints/study-de-en-dropout03-12k \\
         --average 5 --incumbent results/multi30k-de-en/model.pt
 
 Each RUN is a folder written by `python -m aiayn train --preset multi30k-...`. Its
@@ -27,8 +27,9 @@ receives:
     runs/RUN.metrics.jsonl.gz  each run's log, as the engine wrote it
     runs/RUN.log               what its training command printed, if RUN.log exists
 
-The digests to put into chapter 16's PRETRAINED are printed at the end; once the files are
-committed, that commit goes into PRETRAINED_COMMIT, the address they are downloaded from.
+The digests to put into chapter 16's PRETRAINED are printed at the end; once the files
+are committed, that commit goes into PRETRAINED_COMMIT, the address they are downloaded
+from.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from aiayn.data import (
 from aiayn.model import sha256_file
 from aiayn.train import average_checkpoints, make_loader
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cpu_name() -> str:
@@ -249,7 +250,7 @@ def provenance(args, argv) -> dict:
         },
         "scored_by": {
             # the data directory is machine-specific: recorded as its variable
-            "command": "python scripts/ship_pretrained.py "
+            "command": "python scripts/release/ship_pretrained.py "
             + " ".join(sys.argv[1:] if argv is None else argv).replace(
                 str(args.data_dir), "$AIAYN_MULTI30K_DIR"
             ),
