@@ -167,12 +167,8 @@ def test_two_processes_train_like_one_process_with_twice_the_batch(tmp_path):
     assert relative < 1e-4, relative
 
 
-@pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()),
-    reason="needs torch.distributed",
-)
-def test_sigterm_stops_all_processes_after_the_same_update_and_rank_0_saves(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def torchrun_copy_run(tmp_path: Path, **popen) -> subprocess.Popen:
+    """A long copy run of two processes under torchrun, once it logged 10 updates."""
     run = subprocess.Popen(
         [
             sys.executable,
@@ -183,16 +179,26 @@ def test_sigterm_stops_all_processes_after_the_same_update_and_rank_0_saves(tmp_
             *"--valid-size 50 --checkpoint-dir run".split(),
         ],
         cwd=tmp_path,
-        env=env,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        **popen,
     )
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + HANG_S  # only against a hang
     while not (metrics.exists() and metrics.read_text().count('"loss"') >= 10):
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()
         time.sleep(0.2)
+    return run
+
+
+@pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()),
+    reason="needs torch.distributed",
+)
+def test_sigterm_stops_all_processes_after_the_same_update_and_rank_0_saves(tmp_path):
+    run = torchrun_copy_run(tmp_path)
     run.send_signal(signal.SIGTERM)  # torchrun passes it on to both processes
     _, err = run.communicate(timeout=HANG_S)
     lines = [line for line in err.splitlines() if line.startswith("interrupted:")]
@@ -211,29 +217,8 @@ def test_sigterm_stops_all_processes_after_the_same_update_and_rank_0_saves(tmp_
 )
 def test_ctrl_c_twice_under_torchrun_is_answered_at_once_and_keeps_the_save(tmp_path):
     """At 22e25ab a first Ctrl-C said nothing; a second one 3 s later lost the save."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.Popen(
-        [
-            sys.executable,
-            *"-m torch.distributed.run --standalone --nproc_per_node 2".split(),
-            *"-m aiayn train --task copy --steps 3000".split(),
-            *"--device cpu --no-progress --log-every 5".split(),
-            *"--checkpoint-every 1000 --train-size 2000".split(),
-            *"--valid-size 50 --checkpoint-dir run".split(),
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )  # a group of its own, as a terminal's foreground job
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.monotonic() + HANG_S
-    while not (metrics.exists() and metrics.read_text().count('"loss"') >= 10):
-        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-        time.sleep(0.2)
-    # Ctrl-C: the terminal signals every process of the group
+    # a group of its own, as a terminal's foreground job
+    run = torchrun_copy_run(tmp_path, start_new_session=True)
     os.killpg(run.pid, signal.SIGINT)
     time.sleep(3)
     # the run may have saved and ended already
