@@ -203,6 +203,7 @@ class CommandParser(argparse.ArgumentParser):
         return groups.get(title) or self.add_argument_group(title)
 
     def error(self, message: str) -> NoReturn:
+        """Print the mistake in one line, with a flag it may have meant; exit 2."""
         unknown = re.findall(r"--[\w-]+", message) if "unrecognized" in message else []
         known = [flag for flag in self._option_string_actions if flag[:2] == "--"]
         close = [m for u in unknown for m in difflib.get_close_matches(u, known, 1)]
