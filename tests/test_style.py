@@ -107,6 +107,26 @@ def test_the_linter_passes_apart_from_line_length() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_whole_repository_is_in_the_house_style() -> None:
+    """Tests, scripts, benchmarks and extensions too: formatted, linted, 88 columns."""
+    formatted = ruff("format", "--check", ".")
+    assert formatted.returncode == 0, formatted.stdout + formatted.stderr
+    linted = ruff("check", ".")
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+def test_no_file_of_the_tools_is_over_1000_lines() -> None:
+    """A file past a thousand lines is one that nobody reads whole: split it by part."""
+    tools = [ROOT / name for name in ("scripts", "benchmarks", "tests")]
+    long = {
+        str(path.relative_to(ROOT)): n
+        for folder in tools
+        for path in folder.rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 1000
+    }
+    assert not long, long
+
+
 def test_the_generated_entry_points_fit_in_88_columns() -> None:
     result = ruff(
         "check", "--select", "E501", "src/aiayn/__init__.py", "src/aiayn/__main__.py"
