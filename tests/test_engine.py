@@ -599,6 +599,7 @@ def test_a_full_disk_at_the_lock_leaves_nothing_behind(tmp_path, monkeypatch, ca
     )
     assert code == 2 and err == (
         f"error: cannot write checkpoints to {tmp_path / 'run'}: No space left on "
-        "device; make room on that disk, or choose another checkpoint_dir.\n"
+        "device; make room on that disk, or choose another --checkpoint-dir "
+        "(checkpoint_dir in Python).\n"
     )
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its .lock

@@ -220,7 +220,7 @@ def _locked(path: Path) -> Iterator[None]:
     except OSError as err:
         raise ValueError(
             f"cannot write checkpoints to {path}: {err.strerror or err}; "
-            "choose a writable checkpoint_dir."
+            "choose a writable --checkpoint-dir (checkpoint_dir in Python)."
         ) from None
     with handle:
         try:
@@ -235,7 +235,7 @@ def _locked(path: Path) -> Iterator[None]:
             raise ValueError(
                 f"another process (pid {handle.read().strip() or '?'}) is training "
                 f"into {path}; wait for it to finish, or choose another "
-                "checkpoint_dir."
+                "--checkpoint-dir (checkpoint_dir in Python)."
             ) from None
         try:
             handle.seek(0)
@@ -248,7 +248,8 @@ def _locked(path: Path) -> Iterator[None]:
                     made_path.rmdir() if made_path == path else made_path.unlink()
             raise ValueError(
                 f"cannot write checkpoints to {path}: {err.strerror or err}; make "
-                "room on that disk, or choose another checkpoint_dir."
+                "room on that disk, or choose another --checkpoint-dir "
+                "(checkpoint_dir in Python)."
             ) from None
         yield
 
@@ -278,7 +279,7 @@ def _make_room(folder: RunFolder, run_id: str, step: int, overwrite: bool) -> No
                 f"{folder.path} holds another run ({what}). Continue it with "
                 f"--resume {folder.last} (RunTrainer.resume in Python), start over "
                 "with --overwrite (deletes its checkpoints), or choose another "
-                "checkpoint_dir."
+                "--checkpoint-dir (checkpoint_dir in Python)."
             )
         for path in files:
             path.unlink()
