@@ -397,3 +397,39 @@ def test_bad_input_raises_a_clear_value_error(call, message: str) -> None:
     with pytest.raises(ValueError) as info:
         call(layer, x)
     assert message in str(info.value)
+
+
+def test_fused_path_leaves_out_cudnn_attention(monkeypatch):
+    """The fused call runs with cuDNN's attention off, and the switch is put back.
+
+    cuDNN plans every new shape again (a third of a second per batch shape in the
+    recorded H200 run), and its answer for a query with no keys differs; the
+    switches that sdpa_kernel sets are global, so they are read during the call.
+    """
+    import torch.nn.functional as F
+
+    from aiayn.multi_head import FUSED_KERNELS
+
+    seen = []
+    fused = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(
+            (
+                torch.backends.cuda.cudnn_sdp_enabled(),
+                torch.backends.cuda.mem_efficient_sdp_enabled(),
+                torch.backends.cuda.math_sdp_enabled(),
+            )
+        )
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    out, _ = mha(x, mask=torch.ones(2, 1, 1, 5, dtype=torch.bool))
+    assert seen == [(False, True, True)]
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    assert torch.nn.attention.SDPBackend.CUDNN_ATTENTION not in FUSED_KERNELS
+    reference, _ = mha(x, need_weights=True)  # chapter 1's function
+    assert torch.allclose(out, reference, atol=1e-6)

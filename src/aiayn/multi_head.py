@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aiayn.attention import check_attention_inputs, scaled_dot_product_attention
 
 __all__ = [
+    "FUSED_KERNELS",
     "KVCache",
     "MultiHeadAttention",
 ]
@@ -104,11 +106,12 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if need_weights or (q.size(-2) == 1 and q.is_cpu):  # chapter 1's function
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
-        else:  # PyTorch's fused function
+        else:  # PyTorch's fused function, without cuDNN's kernel (see below)
             check_attention_inputs(q, k, v, mask)  # the mask must fit the scores
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p
-            )  # [batch, n_heads, q_len, d_k]
+            with sdpa_kernel(FUSED_KERNELS):
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, dropout_p=dropout_p
+                )  # [batch, n_heads, q_len, d_k]
             weights = None
         out = self.out_proj(_merge_heads(out))  # [batch, q_len, d_model]
         return out, weights if need_weights else None
@@ -205,6 +208,14 @@ def _check_sizes(d_model: int, n_heads: int, dropout: float) -> None:
         )
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
+
+
+# PyTorch's fused kernels that the layer lets run: all but cuDNN's (chapter 3)
+FUSED_KERNELS = [  # a list: sdpa_kernel takes no tuple
+    SDPBackend.FLASH_ATTENTION,  # takes no mask: runs for mask=None
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
 
 
 @dataclass
