@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-import aiayn.cli as cli
 from aiayn.cli import bleu_main, export_main, translate_main
 from aiayn.data import load_multi30k, pretrained
 from conftest import HANG_S, local_multi30k
@@ -101,6 +100,7 @@ def test_a_new_export_replaces_an_earlier_one_and_keeps_the_users_files(
     assert sorted(p.name for p in out.iterdir()) == [
         "README.txt",
         "aiayn_export.json",
+        "aiayn_tokenizer.json",
         "config.json",
         "model.bin",
         "shared_vocabulary.json",
@@ -108,6 +108,7 @@ def test_a_new_export_replaces_an_earlier_one_and_keeps_the_users_files(
     assert (out / "README.txt").read_text() == "my notes"
     manifest = json.loads((out / "aiayn_export.json").read_text())
     assert manifest["quantization"] == "int8" and set(manifest["files"]) == {
+        "aiayn_tokenizer.json",
         "config.json",
         "model.bin",
         "shared_vocabulary.json",
@@ -133,6 +134,7 @@ def test_an_export_of_an_earlier_version_is_recognised_and_replaced(tmp_path, ca
     )
     assert sorted(p.name for p in old.iterdir()) == [
         "aiayn_export.json",
+        "aiayn_tokenizer.json",
         "config.json",
         "mine.txt",
         "model.bin",
@@ -251,6 +253,100 @@ def test_a_damaged_export_is_refused_and_a_killed_one_cleaned_up(tmp_path, capsy
         export_main(["--ctranslate2", str(out), "--pretrained", "multi30k-de-en"]) == 0
     )
     assert not (out / ".aiayn-export-killed").exists()
+    assert CTranslate2Model(out, tokenizer).translate(["Ein Hund."], method="greedy")
+
+
+# --- an export's folder is a model for every command ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported_de_en(tmp_path_factory) -> Path:
+    """The shipped de-en model, exported once for the tests below."""
+    out = tmp_path_factory.mktemp("export") / "de-en"
+    assert (
+        export_main(["--ctranslate2", str(out), "--pretrained", "multi30k-de-en"]) == 0
+    )
+    return out
+
+
+def test_an_export_holds_its_tokenizer_and_translates_on_its_own(exported_de_en):
+    """At 22e25ab an export held no tokenizer; only Python, given one, could use it."""
+    from aiayn.production import CTranslate2Model, load_model, model_source
+
+    model, tokenizer = pretrained("multi30k-de-en")
+    engine = CTranslate2Model(exported_de_en)  # no tokenizer given
+    assert engine.tokenizer.to_dict() == tokenizer.to_dict()
+    sources = [s for s, _ in load_multi30k("test2016", "de-en")[:40]] + ["  ", ""]
+    from aiayn.decoding import translate
+
+    book = translate(model, tokenizer, sources, method="greedy", batch_size=16)
+    batches = []
+    assert (
+        engine.translate(
+            sources, method="greedy", batch_size=16, on_batch=batches.append
+        )
+        == book
+    )
+    assert book[-2:] == ["", ""] and [x for b in batches for x in b] == book
+    source = model_source(exported_de_en)
+    assert source.kind == "export"
+    loaded, _, task = load_model(source)
+    assert isinstance(loaded, CTranslate2Model)
+    assert task == {"data": "multi30k", "direction": "de-en"}
+
+
+def test_translate_and_bleu_run_an_export_folder(exported_de_en, tmp_path):
+    """At 22e25ab `translate --checkpoint DIR` on an export said to train a model."""
+    sources = [s for s, _ in load_multi30k("test2016", "de-en")[:20]]
+    text = "".join(line + "\n" for line in sources)
+    book = aiayn("translate", "--pretrained", "multi30k-de-en", "--greedy", stdin=text)
+    engine = aiayn(
+        "translate", "--checkpoint", str(exported_de_en), "--greedy", stdin=text
+    )
+    assert engine.returncode == 0, engine.stderr
+    assert engine.stdout == book.stdout and len(engine.stdout.splitlines()) == 20
+    scored = [
+        aiayn("bleu", how, name, "--limit", "50", "--greedy")
+        for how, name in [
+            ("--checkpoint", str(exported_de_en)),
+            ("--pretrained", "multi30k-de-en"),
+        ]
+    ]
+    assert [r.returncode for r in scored] == [0, 0], scored[0].stderr
+    assert scored[0].stdout == scored[1].stdout  # same BLEU, same signature
+    assert "test2016 de-en, 50 sentences, greedy: BLEU" in scored[0].stdout
+    wrong = aiayn("bleu", "--checkpoint", str(exported_de_en), "--direction", "en-de")
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip().endswith("or give a model of en-de.")
+    again = aiayn(
+        "export",
+        "--ctranslate2",
+        str(tmp_path / "x"),
+        "--checkpoint",
+        str(exported_de_en),
+    )
+    assert again.returncode == 2 and "is an export already" in again.stderr
+
+
+def test_an_export_without_a_tokenizer_asks_for_one(exported_de_en, tmp_path):
+    """A tokenizer without to_dict() is not written; loading then says what to pass."""
+    from aiayn.production import CTranslate2Model, export_ctranslate2
+
+    model, tokenizer = pretrained("multi30k-de-en")
+
+    class Plain:  # a tokenizer of the user's own, without to_dict()
+        def __getattr__(self, name: str) -> Any:
+            if name == "to_dict":
+                raise AttributeError(name)
+            return getattr(tokenizer, name)
+
+    out = export_ctranslate2(model, Plain(), tmp_path / "plain")
+    assert not (out / "aiayn_tokenizer.json").exists()
+    with pytest.raises(
+        ValueError,
+        match="holds no tokenizer .* CTranslate2Model\\(folder, tokenizer\\)",
+    ):
+        CTranslate2Model(out)
     assert CTranslate2Model(out, tokenizer).translate(["Ein Hund."], method="greedy")
 
 
@@ -499,8 +595,10 @@ def test_a_mistyped_shipped_name_is_refused_at_once_with_the_closest(
     capsys, monkeypatch
 ):
     """At 22e25ab: 29 s of retries on the hub, then a message blaming the network."""
+    import aiayn.production
+
     monkeypatch.setattr(
-        cli, "load_huggingface", lambda *a: pytest.fail("went to the hub")
+        aiayn.production, "load_huggingface", lambda *a: pytest.fail("went to the hub")
     )
     assert export_main(["--ctranslate2", "x", "--pretrained", "multi30k-de-em"]) == 2
     err = capsys.readouterr().err

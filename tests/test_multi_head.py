@@ -433,3 +433,29 @@ def test_fused_path_leaves_out_cudnn_attention(monkeypatch):
     assert torch.nn.attention.SDPBackend.CUDNN_ATTENTION not in FUSED_KERNELS
     reference, _ = mha(x, need_weights=True)  # chapter 1's function
     assert torch.allclose(out, reference, atol=1e-6)
+
+    # a choice made around the model holds, cuDNN's kernel alone included
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for outer, expected in [
+        ([SDPBackend.MATH], (False, False, True)),
+        ([SDPBackend.CUDNN_ATTENTION], (True, False, False)),
+        ([SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH], (False, False, True)),
+    ]:
+        seen.clear()
+        with sdpa_kernel(outer):
+            try:
+                mha(x)
+            except RuntimeError:  # no cuDNN kernel on a CPU: what ran is recorded
+                pass
+        assert seen == [expected], outer
+
+
+def test_the_fused_path_compiles_into_one_graph_without_cudnn():
+    """Under torch.compile the layer cannot read the switches: FUSED_KERNELS, no break."""
+    import torch._dynamo
+
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    explained = torch._dynamo.explain(mha)(x, mask=torch.ones(2, 1, 1, 5, dtype=bool))
+    assert explained.graph_count == 1 and explained.graph_break_count == 0

@@ -443,6 +443,7 @@ def test_export_command(shipped: tuple, tmp_path: Path, capsys: Any) -> None:
     assert "7,578,624 parameters in int8" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {
         "aiayn_export.json",
+        "aiayn_tokenizer.json",
         "config.json",
         "model.bin",
         "shared_vocabulary.json",
@@ -477,7 +478,8 @@ def test_export_command(shipped: tuple, tmp_path: Path, capsys: Any) -> None:
     assert capsys.readouterr().err == f"error: there is no folder {missing}.\n"
     assert export_main(["--ctranslate2", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err == (
-        "error: give the model as --checkpoint PATH or --pretrained NAME.\n"
+        "error: give the model as --checkpoint PATH or --pretrained NAME "
+        "(checkpoint= or pretrained= in Python).\n"
     )
 
 

@@ -6,7 +6,7 @@ import contextlib
 import re
 import statistics
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .common import Context, random_pairs, report, synchronize, timed
@@ -18,24 +18,17 @@ SDPA_KERNELS = ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 LAYER = "LAYER"  # the kernels MultiHeadAttention lets run, its FUSED_KERNELS
 
 
-@contextlib.contextmanager
-def layer_kernels(kernel: str | None) -> Iterator[None]:
-    """Let the book's layer run one kernel (None or LAYER: its own list).
+def layer_kernels(kernel: str | None) -> contextlib.AbstractContextManager:
+    """Let the book's layer run one kernel; None or LAYER: the layer's own choice.
 
-    The layer picks its kernels inside forward (chapter 3's FUSED_KERNELS), so an
-    sdpa_kernel around the model would be overridden: the list itself is set.
+    Chapter 3's layer leaves cuDNN's kernel out unless a choice around it (this
+    sdpa_kernel) names that kernel alone.
     """
-    from torch.nn.attention import SDPBackend
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from aiayn import multi_head
-
-    kept = list(multi_head.FUSED_KERNELS)
-    if kernel not in (None, LAYER):
-        multi_head.FUSED_KERNELS[:] = [getattr(SDPBackend, kernel)]
-    try:
-        yield
-    finally:
-        multi_head.FUSED_KERNELS[:] = kept
+    if kernel in (None, LAYER):
+        return contextlib.nullcontext()
+    return sdpa_kernel([getattr(SDPBackend, kernel)])
 
 
 def book_masks(device: torch.device, batch: int, length: int) -> dict:
@@ -222,13 +215,17 @@ def kernel_call(kernel: str, b: int, n: int, dtype: Any, device: Any) -> Callabl
     )
     grad = torch.randn(b, 8, n, 64, device=device, dtype=dtype)
 
-    from aiayn.multi_head import FUSED_KERNELS
+    from aiayn.multi_head import fused_kernels
 
-    chosen = FUSED_KERNELS if kernel == LAYER else [getattr(SDPBackend, kernel)]
+    def chosen() -> contextlib.AbstractContextManager:
+        """The one kernel, or those that the layer lets run."""
+        if kernel == LAYER:
+            return fused_kernels()
+        return sdpa_kernel([getattr(SDPBackend, kernel)])
 
     def call() -> None:
         """Forward and backward on the one kernel (or those the layer lets run)."""
-        with sdpa_kernel(chosen):
+        with chosen():
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             out.backward(grad)
 

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from aiayn.batching import model_from_checkpoint, pick_device, recipe_amp
+from aiayn.batching import pick_device, recipe_amp
 from aiayn.data import (
     DATA_ENV,
     DIRECTIONS,
@@ -37,12 +37,10 @@ from aiayn.data import (
     PRETRAINED_SCOPE,
     RECIPES,
     Multi30kRecipe,
-    checkpoint_task,
     encode_text_pairs,
     evaluate_bleu,
     load_multi30k,
     prepare_multi30k,
-    pretrained_file,
 )
 from aiayn.decoding import DecodingConfig, decoding_config, translate
 from aiayn.engine import (
@@ -62,7 +60,13 @@ from aiayn.model import (
     setting,
     write_checkpoint,
 )
-from aiayn.production import QUANTIZATIONS, export_ctranslate2, load_huggingface
+from aiayn.production import (
+    QUANTIZATIONS,
+    ModelSource,
+    export_ctranslate2,
+    load_model,
+    model_source,
+)
 from aiayn.train import (
     SYNTHETIC_TRAIN_CONFIG,
     TASKS,
@@ -71,6 +75,7 @@ from aiayn.train import (
     TrainConfig,
     average_checkpoints,
     check_training_version,
+    checkpoint_file,
     encode_pairs,
     exact_match,
     make_loader,
@@ -85,9 +90,7 @@ __all__ = [
     "CommandParser",
     "Experiment",
     "ExportOptions",
-    "HUB_NAME",
     "ModelOptions",
-    "ModelSource",
     "Multi30kTask",
     "PRESETS",
     "Preset",
@@ -95,7 +98,6 @@ __all__ = [
     "TranslateOptions",
     "add_flags",
     "bleu_main",
-    "checkpoint_file",
     "export_main",
     "given",
     "multi30k_experiment",
@@ -373,12 +375,6 @@ PRESETS: dict[str, Preset] = {
 
 
 # Chapter 20, "Training: `python -m aiayn train`"
-def checkpoint_file(path: str | Path) -> Path:
-    """A checkpoint named on the command line: a file, or a run folder's last.pt."""
-    path = Path(path)
-    return path / "last.pt" if path.is_dir() else path
-
-
 @contextlib.contextmanager
 def _threads(device: torch.device, threads: int | None) -> Iterator[None]:
     """Inside, torch uses `threads` CPU threads, 1 on a CPU by default (chapter 20)."""
@@ -408,7 +404,9 @@ class ModelOptions:
     """The model a command reads, and the CPU threads it uses (chapter 20)."""
 
     checkpoint: str | None = setting(
-        None, "a checkpoint, or a run's folder (last.pt)", metavar="PATH"
+        None,
+        "a checkpoint, a run's folder (its last.pt), or an export's folder",
+        metavar="PATH",
     )
     pretrained: str | None = setting(
         None,
@@ -733,26 +731,26 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
     output, texts, refused = _Output(args.output), [], {}
     with _plain_warnings(), _exit_on_signals():
         try:
-            source, config = _source(args), _decoding(args)
+            source, config = _model_source(args), _decoding(args)
             texts, refused = _inputs(args.text, args.input)  # refused: index -> why
             _writable(args.output)
             device = pick_device(args.device or "auto")  # chapter 11: cuda, mps, cpu
             with _threads(device, args.threads):
-                model, tokenizer, task = _load_model(source, device)
+                model, tokenizer, task = load_model(source, device, args.threads or 1)
                 if source.kind == "shipped":  # its limits are in its model card too
                     scope = PRETRAINED_SCOPE[source.name]
                     print(f"note: {source.name} {scope}.", file=sys.stderr)
                 _direction(args.direction, task, source)  # a check only
                 todo = ["" if i in refused else text for i, text in enumerate(texts)]
-                refuse = _refuser(refused, model.config.max_len)
-                translate(
-                    model,
-                    tokenizer,
-                    todo,
-                    config,
-                    on_batch=output.write,
-                    on_too_long=refuse,
+                book = isinstance(model, Transformer)  # else an export's engine
+                limit = model.config.max_len if book else model.max_len
+                hooks = dict(
+                    on_batch=output.write, on_too_long=_refuser(refused, limit)
                 )
+                if book:
+                    translate(model, tokenizer, todo, config, **hooks)
+                else:  # chapter 19's CTranslate2Model, which decodes the same way
+                    model.translate(todo, config, **hooks)
         except ValueError as err:
             return _fail(str(err))
         except _Stopped as stop:
@@ -912,93 +910,15 @@ def _report(refused: dict[int, str], total: int, kind: str) -> int:
     return 1 if refused else 0
 
 
-@dataclass(frozen=True)
-class ModelSource:
-    """What --checkpoint or --pretrained names (chapter 20).
-
-    kind: "checkpoint" (a file), "shipped" (its verified file) or "huggingface"
-    (a folder, or a hub name); where: the file, folder or hub name; name: as given.
-    """
-
-    kind: str
-    where: Path | str
-    name: str
-
-
-HUB_NAME = re.compile(r"\w[\w.-]*/\w[\w.-]*")  # owner/model
-
-
-def _source(args: argparse.Namespace) -> ModelSource:
-    """The model a command reads, or a ValueError saying what is wrong with it."""
-    if (args.checkpoint is None) == (args.pretrained is None):
-        raise ValueError("give the model as --checkpoint PATH or --pretrained NAME.")
-    if args.checkpoint is not None:
-        path = checkpoint_file(args.checkpoint)
-        if not path.is_file():
-            raise ValueError(
-                f"no checkpoint file at {path}; write one with `python -m aiayn "
-                "train --checkpoint-dir DIR` (chapter 20) and pass DIR/last.pt, or "
-                "DIR itself."
-            )
-        return ModelSource("checkpoint", path, args.checkpoint)
-    name = args.pretrained
-    if name in PRETRAINED:
-        return ModelSource("shipped", pretrained_file(name), name)  # chapter 16
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return ModelSource("huggingface", path, name)
-    if path.exists():
-        raise ValueError(
-            f"{name} is a file; --pretrained takes a shipped model, a Hugging Face "
-            "model's folder or hub name, and --checkpoint a checkpoint file."
-        )
-    if HUB_NAME.fullmatch(name):
-        return ModelSource("huggingface", name, name)
-    if "/" in name or os.sep in name or name.startswith((".", "~")):
-        raise ValueError(f"there is no folder {name}.")
-    close = difflib.get_close_matches(name, list(PRETRAINED), n=1)
-    raise ValueError(
-        f"no shipped model is called {name!r}"
-        + (f" (did you mean {close[0]}?)" if close else "")
-        + f"; the shipped models are {', '.join(PRETRAINED)}. A Hugging Face model "
-        "is named by its folder, or online by owner/model."
-    )
-
-
 def _fail(message: str) -> int:
     """Report an error of a command in one line; its exit status, 2."""
     print(f"error: {message}", file=sys.stderr)
     return 2
 
 
-def _load_model(
-    source: ModelSource, device: torch.device
-) -> tuple[Transformer, Any, dict[str, Any] | None]:
-    """The model, tokenizer and task of source; a ValueError says why not."""
-    if source.kind == "huggingface":
-        try:
-            model, tokenizer = load_huggingface(source.where)  # chapter 19
-        except ImportError as err:  # transformers is an optional extra
-            raise ValueError(str(err)) from None
-        return model.to(device), tokenizer, None
-    try:
-        checkpoint = read_checkpoint(source.where)
-        model, tokenizer = model_from_checkpoint(checkpoint)
-    except (ValueError, KeyError, RuntimeError, OSError) as err:
-        raise ValueError(f"cannot load {source.where}: {err}") from err
-    if tokenizer is None:
-        raise ValueError(
-            f"{source.where} holds no tokenizer, so its model cannot read text; use "
-            "a checkpoint written by `python -m aiayn train`, which saves the "
-            "tokenizer with the model."
-        )
-    task = checkpoint_task(checkpoint, source.where)
-    preset = ((checkpoint.get("training") or {}).get("run") or {}).get("preset", "")
-    if task is None and preset.startswith("multi30k-"):  # older than the record
-        task = {"data": "multi30k", "direction": preset.removeprefix("multi30k-")}
-    elif task is None and preset in TASKS:
-        task = {"data": preset}
-    return model.to(device), tokenizer, task
+def _model_source(args: argparse.Namespace) -> ModelSource:
+    """What --checkpoint or --pretrained names (chapter 19's model_source)."""
+    return model_source(args.checkpoint, args.pretrained)
 
 
 def _direction(
@@ -1113,11 +1033,11 @@ def bleu_main(argv: Sequence[str] | None = None) -> int:
     data = BleuOptions(**given(args, BleuOptions))
     with _plain_warnings(), _exit_on_signals():
         try:
-            source, config = _source(args), _decoding(args, ("beam", "greedy"))
+            source, config = _model_source(args), _decoding(args, ("beam", "greedy"))
             _writable(args.output)
             device = pick_device(args.device or "auto")
             with _threads(device, args.threads):
-                model, tokenizer, task = _load_model(source, device)
+                model, tokenizer, task = load_model(source, device, args.threads or 1)
                 direction = _scored_direction(args.direction, task, source)
                 pairs = load_multi30k(data.split, direction, args.data_dir)
                 pairs = pairs[: data.limit] if data.limit is not None else pairs
@@ -1173,8 +1093,13 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         try:
             if args.ctranslate2 is None:
                 raise ValueError("give the folder to write: --ctranslate2 DIR.")
-            source = _source(args)
-            model, tokenizer, task = _load_model(source, torch.device("cpu"))
+            source = _model_source(args)
+            if source.kind == "export":
+                raise ValueError(
+                    f"{source.name} is an export already; export from a checkpoint, "
+                    "a shipped model or a Hugging Face model."
+                )
+            model, tokenizer, task = load_model(source)
             direction = _direction(args.direction, task, source)
             if task is None and direction is not None:
                 task = {"direction": direction}  # as the user says

@@ -800,7 +800,7 @@ BLEU_DECODING = DecodingConfig(method="greedy", batch_size=100)  # fast, for tra
 
 
 def evaluate_bleu(
-    model: Transformer,
+    model: Transformer | Any,
     tokenizer: Any,
     pairs: Sequence[tuple[str, str]],
     config: DecodingConfig | None = None,
@@ -808,10 +808,11 @@ def evaluate_bleu(
 ) -> BleuResult:
     """Translate the sources of (source, reference) pairs and score them (chapter 16).
 
-    config, changes: chapter 15's DecodingConfig (default: BLEU_DECODING, greedy)
-    and changes to it, e.g. method="beam". Chapter 15's translate decodes the
-    sources in batches of similar length (less padding); the translations are
-    returned in the order of the pairs.
+    model: a Transformer, or an engine with translate(texts, config), such as
+    chapter 19's CTranslate2Model. config, changes: chapter 15's DecodingConfig
+    (default: BLEU_DECODING, greedy) and changes to it, e.g. method="beam". The
+    sources are decoded in batches of similar length (less padding); the
+    translations are returned in the order of the pairs.
     """
     c = decoding_config(config or BLEU_DECODING, **changes)
     if c.method not in ("greedy", "beam"):
@@ -831,12 +832,16 @@ def evaluate_bleu(
 
 
 def _translate_by_length(
-    model: Transformer, tokenizer: Any, sources: list[str], config: DecodingConfig
+    model: Transformer | Any, tokenizer: Any, sources: list[str], config: DecodingConfig
 ) -> list[str]:
     """translate() of sources sorted by length, returned in their order (chapter 16)."""
     lengths = [len(tokenizer.encode(source)) for source in sources]
     order = sorted(range(len(sources)), key=lambda i: lengths[i])
-    outputs = translate(model, tokenizer, [sources[i] for i in order], config)
+    ordered = [sources[i] for i in order]
+    if isinstance(model, Transformer):
+        outputs = translate(model, tokenizer, ordered, config)
+    else:  # an engine that decodes on its own
+        outputs = model.translate(ordered, config)
     hypotheses = [""] * len(sources)
     for i, output in zip(order, outputs):
         hypotheses[i] = output

@@ -43,12 +43,13 @@ __all__ = [
     "beam_search",
     "decoding_config",
     "default_max_len",
+    "drop_too_long",
     "greedy_search",
+    "in_batches",
     "length_penalty",
     "never_generated",
     "sample",
     "sampling_probs",
-    "too_long_inputs",
     "too_long_message",
     "translate",
 ]
@@ -667,30 +668,41 @@ def translate(
     device = next(model.parameters()).device
     if c.method == "sample" and generator is None:
         generator = torch.Generator(device=device).manual_seed(c.seed)
-    outputs = [""] * len(texts)
     todo = [(i, tokenizer.encode(text)) for i, text in enumerate(texts) if text.strip()]
     _warn_unknown(tokenizer, todo)
-    too_long = too_long_inputs(model, todo)
-    if too_long and on_too_long is None:  # refused before decoding, not midway
-        limit = model.config.max_len
-        raise ValueError(too_long_message(too_long, "texts[{}]", 0, limit))
-    for i, n in too_long:
-        on_too_long(i, n)
-    todo = [(i, ids) for i, ids in todo if len(ids) <= model.config.max_len]
-    done = 0  # outputs handed to on_batch
-    for first in range(0, len(todo), c.batch_size):
-        chunk = todo[first : first + c.batch_size]
-        batch = [ids for _, ids in chunk]
+    todo = drop_too_long(todo, model.config.max_len, on_too_long)
+
+    def decode(batch: list[list[int]]) -> list[str]:
+        """One batch of token lists, decoded by the search that c names."""
         src = pad_sequences(batch, model.config.pad_id).to(device)  # [b, src_len]
         result = _search(model, src, c, generator)
-        for (i, _), ids in zip(chunk, result.tokens.tolist()):
-            outputs[i] = tokenizer.decode(ids)
+        return [tokenizer.decode(ids) for ids in result.tokens.tolist()]
+
+    return in_batches(todo, len(texts), c.batch_size, decode, on_batch)
+
+
+def in_batches(
+    todo: list[tuple[int, list[int]]],
+    total: int,
+    batch_size: int,
+    decode: Callable[[list[list[int]]], list[str]],
+    on_batch: Callable[[list[str]], Any] | None = None,
+) -> list[str]:
+    """total outputs: decode's for the (index, ids) of todo, in batches; "" else.
+
+    on_batch: as translate's; chapter 19's CTranslate2Model decodes with it too.
+    """
+    outputs, done = [""] * total, 0  # done: outputs handed to on_batch
+    for first in range(0, len(todo), batch_size):
+        chunk = todo[first : first + batch_size]
+        for (i, _), text in zip(chunk, decode([ids for _, ids in chunk])):
+            outputs[i] = text
         if on_batch is not None:  # up to the next text to decode, or to the end
-            more = first + c.batch_size < len(todo)
-            end = todo[first + c.batch_size][0] if more else len(outputs)
+            more = first + batch_size < len(todo)
+            end = todo[first + batch_size][0] if more else total
             on_batch(outputs[done:end])
             done = end
-    if on_batch is not None and done < len(outputs):  # no text to decode at all
+    if on_batch is not None and done < total:  # no text to decode at all
         on_batch(outputs[done:])
     return outputs
 
@@ -751,11 +763,22 @@ def _warn_unknown(tokenizer: Any, encoded: list[tuple[int, list[int]]]) -> None:
         )
 
 
-def too_long_inputs(
-    model: Transformer, encoded: list[tuple[int, list[int]]]
-) -> list[tuple[int, int]]:
-    """(index, length) of the encoded texts longer than the positional table."""
-    return [(i, len(ids)) for i, ids in encoded if len(ids) > model.config.max_len]
+def drop_too_long(
+    todo: list[tuple[int, list[int]]],
+    limit: int,
+    on_too_long: Callable[[int, int], Any] | None = None,
+) -> list[tuple[int, list[int]]]:
+    """The (index, ids) of todo that fit in limit positions.
+
+    Each one longer goes to on_too_long(index, tokens); without on_too_long, a
+    ValueError names them all before anything is decoded, not midway.
+    """
+    too_long = [(i, len(ids)) for i, ids in todo if len(ids) > limit]
+    if too_long and on_too_long is None:
+        raise ValueError(too_long_message(too_long, "texts[{}]", 0, limit))
+    for i, n in too_long:
+        on_too_long(i, n)
+    return [(i, ids) for i, ids in todo if len(ids) <= limit]
 
 
 def too_long_message(

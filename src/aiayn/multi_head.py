@@ -8,6 +8,7 @@ Chapter 3 of the book, book/03_multi_head_attention.md.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +22,7 @@ __all__ = [
     "FUSED_KERNELS",
     "KVCache",
     "MultiHeadAttention",
+    "fused_kernels",
 ]
 
 
@@ -108,7 +110,7 @@ class MultiHeadAttention(nn.Module):
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
         else:  # PyTorch's fused function, without cuDNN's kernel (see below)
             check_attention_inputs(q, k, v, mask)  # the mask must fit the scores
-            with sdpa_kernel(FUSED_KERNELS):
+            with fused_kernels():
                 out = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=mask, dropout_p=dropout_p
                 )  # [batch, n_heads, q_len, d_k]
@@ -216,6 +218,23 @@ FUSED_KERNELS = [  # a list: sdpa_kernel takes no tuple
     SDPBackend.EFFICIENT_ATTENTION,
     SDPBackend.MATH,
 ]
+
+
+def fused_kernels() -> contextlib.AbstractContextManager:
+    """The kernels PyTorch may use now, less cuDNN's unless it alone is (ch. 3).
+
+    So an sdpa_kernel(...) around the model still chooses; under torch.compile,
+    which cannot read the switches, the layer runs FUSED_KERNELS.
+    """
+    if torch.compiler.is_compiling():
+        return sdpa_kernel(FUSED_KERNELS)
+    cuda = torch.backends.cuda
+    if not cuda.cudnn_sdp_enabled():  # chosen already, by the user
+        return contextlib.nullcontext()
+    switches = (cuda.flash_sdp_enabled, cuda.mem_efficient_sdp_enabled)
+    enabled = [*(on() for on in switches), cuda.math_sdp_enabled()]
+    kept = [kernel for kernel, on in zip(FUSED_KERNELS, enabled) if on]
+    return sdpa_kernel(kept) if kept else contextlib.nullcontext()
 
 
 @dataclass

@@ -9,6 +9,7 @@ Chapter 19 of the book, book/19_production.md.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib.metadata
 import json
 import os
@@ -16,22 +17,26 @@ import pickle
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from aiayn.batching import token_strings
+from aiayn.batching import model_from_checkpoint, token_strings, tokenizer_from_dict
+from aiayn.data import PRETRAINED, checkpoint_task, pretrained_file
 from aiayn.decoding import (
     MAX_LEN_MARGIN,
     DecodingConfig,
     decoding_config,
+    drop_too_long,
+    in_batches,
     never_generated,
-    too_long_message,
 )
-from aiayn.model import Transformer, TransformerConfig, sha256_file
+from aiayn.model import Transformer, TransformerConfig, read_checkpoint, sha256_file
+from aiayn.train import TASKS, checkpoint_file
 
 __all__ = [
     "CT2_ACTIVATIONS",
@@ -40,8 +45,11 @@ __all__ = [
     "EXPORT_FILE",
     "HF_ACTIVATIONS",
     "HF_FAMILIES",
+    "HUB_NAME",
     "HuggingFaceTokenizer",
+    "ModelSource",
     "QUANTIZATIONS",
+    "TOKENIZER_FILE",
     "config_from_huggingface",
     "ctranslate2_spec",
     "export_ctranslate2",
@@ -49,6 +57,10 @@ __all__ = [
     "export_manifest",
     "from_huggingface",
     "load_huggingface",
+    "load_model",
+    "load_tokenizer",
+    "model_source",
+    "save_tokenizer",
     "vocabulary",
 ]
 
@@ -577,23 +589,64 @@ def export_ctranslate2(
         "suppress_tokens": [tokens[i] for i in never_generated(model)],
         "max_len": model.config.max_len,  # the position table
         "task": task,
+        "tokenizer": _tokenizer_kind(tokenizer),
     }
     with export_folder(directory, manifest) as staging:
         spec.save(str(staging))
+        save_tokenizer(tokenizer, staging)
     return Path(directory)
+
+
+TOKENIZER_FILE = "aiayn_tokenizer.json"  # the book's tokenizers, as to_dict gives
+
+
+def _tokenizer_kind(tokenizer: Any) -> str | None:
+    """How save_tokenizer writes tokenizer: "huggingface", "aiayn", or None: not."""
+    if isinstance(tokenizer, HuggingFaceTokenizer):
+        return "huggingface"
+    return "aiayn" if callable(getattr(tokenizer, "to_dict", None)) else None
+
+
+def save_tokenizer(tokenizer: Any, folder: str | Path) -> None:
+    """Write tokenizer into folder, where load_tokenizer finds it (chapter 19).
+
+    A tokenizer of your own without to_dict() is not written: the export is then
+    loaded with it, CTranslate2Model(folder, tokenizer).
+    """
+    kind = _tokenizer_kind(tokenizer)
+    if kind == "huggingface":
+        tokenizer.tokenizer.save_pretrained(str(folder))  # its own files
+    elif kind == "aiayn":
+        text = json.dumps(tokenizer.to_dict(), ensure_ascii=False)
+        (Path(folder) / TOKENIZER_FILE).write_text(text + "\n", encoding="utf-8")
+
+
+def load_tokenizer(folder: str | Path, kind: str | None) -> Any:
+    """The tokenizer that save_tokenizer wrote into folder (kind: its manifest's)."""
+    if kind == "huggingface":
+        hf = _transformers()
+        return HuggingFaceTokenizer(hf.AutoTokenizer.from_pretrained(str(folder)))
+    if kind == "aiayn":
+        path = Path(folder) / TOKENIZER_FILE
+        return tokenizer_from_dict(json.loads(path.read_text(encoding="utf-8")))
+    raise ValueError(
+        f"the export in {folder} holds no tokenizer (one without to_dict(), or an "
+        "export of an earlier version); pass the model's tokenizer: "
+        "CTranslate2Model(folder, tokenizer)."
+    )
 
 
 class CTranslate2Model:
     """An exported model in CTranslate2, translating text like translate (ch. 19).
 
-    threads: CPU threads of the engine; compute_type: "default" (the stored
-    precision), "int8", "float32", ...
+    tokenizer: None reads the one the export holds; threads: CPU threads of the
+    engine; compute_type: "default" (the stored precision), "int8", "float32", ...
     """
 
     def __init__(
         self,
         directory: str | Path,
-        tokenizer: Any,
+        tokenizer: Any = None,
         threads: int = 1,
         compute_type: str = "default",
     ) -> None:
@@ -603,6 +656,8 @@ class CTranslate2Model:
         self.translator = ct2.Translator(
             str(folder), intra_threads=threads, compute_type=compute_type
         )
+        if tokenizer is None:  # the one the export holds
+            tokenizer = load_tokenizer(folder, self.manifest.get("tokenizer"))
         self.tokenizer = tokenizer
         shared = folder / "shared_vocabulary.json"
         source = shared if shared.exists() else folder / "source_vocabulary.json"
@@ -614,42 +669,51 @@ class CTranslate2Model:
         self.max_len = self.manifest.get("max_len")  # None: an earlier export
 
     def translate(
-        self, texts: Sequence[str], config: DecodingConfig | None = None, **changes: Any
+        self,
+        texts: Sequence[str],
+        config: DecodingConfig | None = None,
+        on_batch: Callable[[list[str]], Any] | None = None,
+        on_too_long: Callable[[int, int], Any] | None = None,
+        **changes: Any,
     ) -> list[str]:
-        """Translations of texts, decoded as chapter 15's config (and changes) asks.
+        """Translations of texts, as chapter 15's translate makes them.
 
-        CTranslate2 ranks beams by log P / length ** alpha.
+        config and changes: the decoding (greedy or beam); on_batch and
+        on_too_long: as translate's. CTranslate2 ranks beams by
+        log P / length ** alpha.
         """
         c = decoding_config(config, **changes)
-        sources = self._sources(texts, c.method)
-        beams = 1 if c.method == "greedy" else c.beam_size
-        limit = max((len(s) for s in sources), default=0) + MAX_LEN_MARGIN
-        limit = limit if c.max_len is None else c.max_len
-        results = self.translator.translate_batch(
-            sources,
-            beam_size=beams,
-            length_penalty=c.alpha if beams > 1 else 0.0,
-            max_batch_size=c.batch_size,
-            max_input_length=0,  # no cut: _sources refused what the table cannot hold
-            min_decoding_length=0,  # the end token may come first, as in chapter 15
-            max_decoding_length=min(limit, self.max_len or limit),  # chapter 15's
-            suppress_sequences=self.suppress or None,
-        )
-        outputs = [[self.target_ids[t] for t in r.hypotheses[0]] for r in results]
-        return [self.tokenizer.decode(ids) for ids in outputs]
-
-    def _sources(self, texts: Sequence[str], method: str) -> list[list[str]]:
-        """The texts as token strings, or a ValueError for what translate refuses."""
-        if method not in ("beam", "greedy"):
-            raise ValueError(f"method must be 'beam' or 'greedy', got {method!r}.")
+        if c.method not in ("beam", "greedy"):
+            raise ValueError(f"method must be 'beam' or 'greedy', got {c.method!r}.")
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise ValueError("texts must be a list of strings; for one text, [text].")
-        ids = [self.tokenizer.encode(text) for text in texts]
-        limit = self.max_len
-        too_long = [(i, len(s)) for i, s in enumerate(ids) if limit and len(s) > limit]
-        if too_long:
-            raise ValueError(too_long_message(too_long, "texts[{}]", 0, self.max_len))
-        return [[self.source_tokens[i] for i in s] for s in ids]
+        texts = list(texts)
+        todo = [(i, self.tokenizer.encode(t)) for i, t in enumerate(texts) if t.strip()]
+        if self.max_len is not None:
+            todo = drop_too_long(todo, self.max_len, on_too_long)
+
+        def decode(batch: list[list[int]]) -> list[str]:
+            """One batch, as translate_batch decodes it."""
+            return self._decode(batch, c)
+
+        return in_batches(todo, len(texts), c.batch_size, decode, on_batch)
+
+    def _decode(self, batch: list[list[int]], c: DecodingConfig) -> list[str]:
+        """The translations of one batch of token ids."""
+        beams = 1 if c.method == "greedy" else c.beam_size
+        limit = max(len(ids) for ids in batch) + MAX_LEN_MARGIN  # chapter 15's
+        limit = limit if c.max_len is None else c.max_len
+        results = self.translator.translate_batch(
+            [[self.source_tokens[i] for i in ids] for ids in batch],
+            beam_size=beams,
+            length_penalty=c.alpha if beams > 1 else 0.0,
+            max_input_length=0,  # no cut: drop_too_long left out what cannot fit
+            min_decoding_length=0,  # the end token may come first, as in chapter 15
+            max_decoding_length=min(limit, self.max_len or limit),
+            suppress_sequences=self.suppress or None,
+        )
+        ids = [[self.target_ids[t] for t in r.hypotheses[0]] for r in results]
+        return [self.tokenizer.decode(out) for out in ids]
 
 
 def _checked_export(folder: Path) -> dict[str, Any]:
@@ -675,3 +739,111 @@ def _checked_export(folder: Path) -> dict[str, Any]:
             "export the model again."
         )
     return manifest
+
+
+# Chapter 19, "One name for every model"
+@dataclass(frozen=True)
+class ModelSource:
+    """A model named by a path or a name, before it is loaded (chapter 19).
+
+    kind: "checkpoint" (a file), "export" (a folder of export_ctranslate2),
+    "shipped" (chapter 16's verified file) or "huggingface" (a folder, or a hub
+    name); where: the file, folder or hub name; name: as given.
+    """
+
+    kind: str
+    where: Path | str
+    name: str
+
+
+HUB_NAME = re.compile(r"\w[\w.-]*/\w[\w.-]*")  # owner/model
+
+
+def model_source(
+    checkpoint: str | Path | None = None, pretrained: str | None = None
+) -> ModelSource:
+    """What checkpoint or pretrained names (one of them), or a ValueError.
+
+    checkpoint: a checkpoint file, a run's folder (its last.pt) or an export's
+    folder; pretrained: a shipped model, a Hugging Face model's folder, or
+    online its hub name, owner/model.
+    """
+    if (checkpoint is None) == (pretrained is None):
+        raise ValueError(
+            "give the model as --checkpoint PATH or --pretrained NAME "
+            "(checkpoint= or pretrained= in Python)."
+        )
+    if checkpoint is not None:
+        if (Path(checkpoint).expanduser() / "model.bin").is_file():  # an export
+            return ModelSource("export", Path(checkpoint).expanduser(), str(checkpoint))
+        path = checkpoint_file(checkpoint)  # chapter 13
+        if not path.is_file():
+            raise ValueError(
+                f"no checkpoint file at {path}; write one with `python -m aiayn "
+                "train --checkpoint-dir DIR` (chapter 20) and pass DIR/last.pt, or "
+                "DIR itself; or pass an export's folder."
+            )
+        return ModelSource("checkpoint", path, str(checkpoint))
+    return _pretrained_source(pretrained)
+
+
+def _pretrained_source(name: str) -> ModelSource:
+    """A shipped model, a Hugging Face folder or hub name; else a ValueError."""
+    if name in PRETRAINED:
+        return ModelSource("shipped", pretrained_file(name), name)  # chapter 16
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return ModelSource("huggingface", path, name)
+    if path.exists():
+        raise ValueError(
+            f"{name} is a file; --pretrained takes a shipped model, a Hugging Face "
+            "model's folder or hub name, and --checkpoint a checkpoint file."
+        )
+    if HUB_NAME.fullmatch(name):
+        return ModelSource("huggingface", name, name)
+    if "/" in name or os.sep in name or name.startswith((".", "~")):
+        raise ValueError(f"there is no folder {name}.")
+    close = difflib.get_close_matches(name, list(PRETRAINED), n=1)
+    raise ValueError(
+        f"no shipped model is called {name!r}"
+        + (f" (did you mean {close[0]}?)" if close else "")
+        + f"; the shipped models are {', '.join(PRETRAINED)}. A Hugging Face model "
+        "is named by its folder, or online by owner/model."
+    )
+
+
+def load_model(
+    source: ModelSource, device: str | torch.device = "cpu", threads: int = 1
+) -> tuple[Any, Any, dict[str, Any] | None]:
+    """The model, its tokenizer and its task (None: not recorded), or a ValueError.
+
+    The model is a Transformer on device, or for an export a CTranslate2Model
+    on threads CPU threads (chapter 19).
+    """
+    try:
+        if source.kind == "export":
+            engine = CTranslate2Model(source.where, threads=threads)
+            return engine, engine.tokenizer, engine.manifest.get("task")
+        if source.kind == "huggingface":
+            model, tokenizer = load_huggingface(source.where)
+            return model.to(device), tokenizer, None
+    except ImportError as err:  # transformers and ctranslate2 are optional extras
+        raise ValueError(str(err)) from None
+    try:
+        checkpoint = read_checkpoint(source.where)
+        model, tokenizer = model_from_checkpoint(checkpoint)
+    except (ValueError, KeyError, RuntimeError, OSError) as err:
+        raise ValueError(f"cannot load {source.where}: {err}") from err
+    if tokenizer is None:
+        raise ValueError(
+            f"{source.where} holds no tokenizer, so its model cannot read text; use "
+            "a checkpoint written by `python -m aiayn train`, which saves the "
+            "tokenizer with the model."
+        )
+    task = checkpoint_task(checkpoint, source.where)
+    preset = ((checkpoint.get("training") or {}).get("run") or {}).get("preset", "")
+    if task is None and preset.startswith("multi30k-"):  # older than the record
+        task = {"data": "multi30k", "direction": preset.removeprefix("multi30k-")}
+    elif task is None and preset in TASKS:
+        task = {"data": preset}
+    return model.to(device), tokenizer, task

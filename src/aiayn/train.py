@@ -70,6 +70,7 @@ __all__ = [
     "average_checkpoints",
     "check_same_run",
     "check_training_version",
+    "checkpoint_file",
     "clip_gradients",
     "count_tokens",
     "differences",
@@ -912,6 +913,12 @@ class RunFolder:
         for old in self.snapshots()[:-keep]:
             old.unlink()
         return path
+
+
+def checkpoint_file(path: str | os.PathLike) -> Path:
+    """A checkpoint given as a file, or as a run's folder: its last.pt (ch. 13)."""
+    path = Path(path).expanduser()
+    return RunFolder(path).last if path.is_dir() else path
 
 
 def model_checkpoint(trainer: Any, **extra: Any) -> dict[str, Any]:
