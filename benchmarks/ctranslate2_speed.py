@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from aiayn.data import corpus_bleu, load_multi30k, pretrained
 from aiayn.decoding import translate
+from aiayn.multi30k import corpus_bleu, load_multi30k, pretrained
 from aiayn.production import CTranslate2Model, export_ctranslate2
 
 

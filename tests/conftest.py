@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "release"))
 
 # ../shared/data/multi30k of the repository
 MULTI30K_COPY = ROOT.parent / "shared" / "data" / "multi30k"
-DATA_ENV = "AIAYN_MULTI30K_DIR"  # aiayn.data.DATA_ENV
+DATA_ENV = "AIAYN_MULTI30K_DIR"  # aiayn.multi30k.DATA_ENV
 # The limit of a test's subprocess or wait: only against a hang, never a speed bar.
 # A machine busy with other work can be ten times slower than an idle one, and the
 # tests must pass there.

@@ -86,9 +86,9 @@ def test_symbol_tokenizer_dict_registry_and_checkpoint():
 def test_the_tokenizer_table_names_every_kind_of_the_package():
     assert TOKENIZER_CLASSES == {
         "symbols": "aiayn.batching:SymbolTokenizer",
-        "subword": "aiayn.data:SubwordTokenizer",
+        "subword": "aiayn.multi30k:SubwordTokenizer",
     }
-    from aiayn.data import SubwordTokenizer
+    from aiayn.multi30k import SubwordTokenizer
 
     for kind, where in TOKENIZER_CLASSES.items():
         module, name = where.split(":")
@@ -104,13 +104,13 @@ def test_the_tokenizer_table_names_every_kind_of_the_package():
 
 
 def test_a_subword_tokenizer_rebuilds_in_a_process_that_imported_only_batching():
-    from aiayn.data import SubwordTokenizer
+    from aiayn.multi30k import SubwordTokenizer
 
     subword = SubwordTokenizer.train(["ein hund", "a dog"], vocab_size=30)
     code = (
         "import sys\n"
         "from aiayn.batching import tokenizer_from_dict\n"
-        "assert 'aiayn.data' not in sys.modules\n"
+        "assert 'aiayn.multi30k' not in sys.modules\n"
         f"tok = tokenizer_from_dict({subword.to_dict()!r})\n"
         "print(type(tok).__module__, type(tok).__name__,\n"
         f"      tok.encode('a dog') == {subword.encode('a dog')})\n"
@@ -119,7 +119,7 @@ def test_a_subword_tokenizer_rebuilds_in_a_process_that_imported_only_batching()
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["aiayn.data", "SubwordTokenizer", "True"]
+    assert done.stdout.split() == ["aiayn.multi30k", "SubwordTokenizer", "True"]
 
 
 def test_an_unknown_kind_names_the_known_ones():

@@ -9,7 +9,7 @@ import torch
 
 import aiayn.cli as cli
 from aiayn import Transformer
-from aiayn.data import (
+from aiayn.multi30k import (
     DATA_ENV,
     TINY_RECIPE,
     SubwordTokenizer,

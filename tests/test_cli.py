@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from aiayn.cli import bleu_main, export_main, translate_main
-from aiayn.data import load_multi30k, pretrained
+from aiayn.multi30k import load_multi30k, pretrained
 from conftest import HANG_S, local_multi30k
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -852,7 +852,7 @@ def test_every_flag_of_every_command_is_a_field():
     assert "SUPPRESS" not in source
     decimals = [
         line
-        for name in ("cli", "decoding", "data", "production")
+        for name in ("cli", "decoding", "multi30k", "production")
         for line in (ROOT / "src" / "aiayn" / f"{name}.py").read_text().splitlines()
         if re.search(r"\b0\.6\b", line)
     ]

@@ -1,4 +1,4 @@
-"""Tests of aiayn.data (chapter 16).
+"""Tests of aiayn.multi30k (chapter 16).
 
 Multi30k files, the subword tokenizer, BLEU, recipes, presets and commands.
 """
@@ -20,10 +20,11 @@ import torch
 
 import aiayn.batching as batching
 import aiayn.cli as cli
-import aiayn.data as data
+import aiayn.multi30k as data
 from aiayn import Transformer
 from aiayn.batching import load_checkpoint_model, tokenizer_from_dict
-from aiayn.data import (
+from aiayn.decoding import translate
+from aiayn.multi30k import (
     CACHE_ENV,
     DATA_ENV,
     MULTI30K_SHA256,
@@ -42,7 +43,6 @@ from aiayn.data import (
     save_translation_model,
     split_files,
 )
-from aiayn.decoding import translate
 from conftest import HANG_S, local_multi30k
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
 
     from aiayn import Transformer, TransformerConfig
-    from aiayn.engine import RunTrainer, init_distributed
+    from aiayn.runs import RunTrainer, init_distributed
     from aiayn.train import (
         TrainConfig,
         encode_pairs,

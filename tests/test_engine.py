@@ -1,4 +1,4 @@
-"""Tests of aiayn.engine (chapter 14).
+"""Tests of aiayn.runs (chapter 14).
 
 The command line and its faults, and activation checkpointing.
 """
@@ -21,8 +21,8 @@ from aiayn import Transformer, TransformerConfig
 from aiayn.batching import load_checkpoint_model, make_batch
 from aiayn.cli import PRESETS
 from aiayn.cli import train_main as main
-from aiayn.engine import enable_grad_checkpointing, saved_activation_bytes
 from aiayn.model import read_checkpoint
+from aiayn.runs import enable_grad_checkpointing, saved_activation_bytes
 from aiayn.train import (
     encode_pairs,
     greedy_decode,
@@ -91,7 +91,7 @@ def test_help_is_the_same_whatever_the_process_imported(tmp_path):
         return result.stdout
 
     fresh = help_text("", "--help")
-    assert fresh == help_text("import aiayn.data, aiayn.viz; ", "--help")
+    assert fresh == help_text("import aiayn.multi30k, aiayn.viz; ", "--help")
     assert (
         all(name in fresh for name in PRESETS)
         and "--n-symbols" in fresh
@@ -461,8 +461,8 @@ def test_grad_checkpointing_from_the_command_line(tmp_path, capsys):
 def test_a_checkpoint_of_another_version_is_refused_saying_which_and_what_differs(
     tmp_path, capsys
 ):
-    from aiayn.engine import RunTrainer
     from aiayn.model import content_hash
+    from aiayn.runs import RunTrainer
     from aiayn.train import make_loader
 
     assert (
@@ -569,7 +569,7 @@ def test_a_full_disk_at_the_lock_leaves_nothing_behind(tmp_path, monkeypatch, ca
     """At 22e25ab, [Errno 28] with 0 bytes free left the folder and its .lock."""
     import builtins
 
-    import aiayn.engine as engine
+    import aiayn.runs as engine
 
     class NoSpace:
         """The lock file, made; writing the pid into it finds the disk full."""

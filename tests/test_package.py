@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import export
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,7 +108,7 @@ def test_wheel_holds_every_exported_module_and_imports(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from aiayn.data import pretrained; from aiayn.decoding import "
+            "from aiayn.multi30k import pretrained; from aiayn.decoding import "
             "translate; m, t = pretrained('multi30k-en-de'); "
             "print(translate(m, t, ['A dog runs.']))",
         ],
@@ -163,3 +164,26 @@ def test_readme_examples_run(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.splitlines()
     assert line.startswith("['") and line.endswith("']"), line
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), [("aiayn.data", "aiayn.multi30k"), ("aiayn.engine", "aiayn.runs")]
+)
+def test_a_renamed_module_still_imports_under_its_old_name_and_warns(old, new):
+    """Code written for the old names keeps working, and is told the new one."""
+    code = (
+        "import importlib, warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    old = importlib.import_module({old!r})\n"
+        f"new = importlib.import_module({new!r})\n"
+        "assert old.__all__ == new.__all__ and old.__all__\n"
+        "assert all(getattr(old, n) is getattr(new, n) for n in new.__all__)\n"
+        "(w,) = [w for w in caught if issubclass(w.category, DeprecationWarning)]\n"
+        "print(w.message)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{old} is now {new}; import {new} instead."

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import aiayn.data as data
+import aiayn.multi30k as data
 from aiayn import Transformer
-from aiayn.data import (
+from aiayn.decoding import translate
+from aiayn.model import read_checkpoint, sha256_file
+from aiayn.multi30k import (
     CACHE_ENV,
     PRETRAINED_ENV,
     TINY_RECIPE,
@@ -27,8 +29,6 @@ from aiayn.data import (
     save_pretrained,
     save_translation_model,
 )
-from aiayn.decoding import translate
-from aiayn.model import read_checkpoint, sha256_file
 from conftest import HANG_S
 
 NAME = "tiny-test"  # registered by the fixture; never in the repository's results/

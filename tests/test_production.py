@@ -28,8 +28,8 @@ from transformers import (  # noqa: E402
 
 from aiayn import Transformer, TransformerConfig  # noqa: E402
 from aiayn.cli import export_main  # noqa: E402
-from aiayn.data import load_multi30k, pretrained  # noqa: E402
 from aiayn.decoding import beam_search, greedy_search, translate  # noqa: E402
+from aiayn.multi30k import load_multi30k, pretrained  # noqa: E402
 from aiayn.production import (  # noqa: E402
     CTranslate2Model,
     config_from_huggingface,

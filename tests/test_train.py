@@ -1,4 +1,4 @@
-"""Tests of aiayn.train (chapter 13) and of the RunTrainer of aiayn.engine (chapter 14).
+"""Tests of aiayn.train (chapter 13) and of the RunTrainer of aiayn.runs (chapter 14).
 
 Data, decoding, one update, the loop, checkpoints, resume and the guards.
 """
@@ -18,8 +18,8 @@ import torch
 
 from aiayn import Transformer, TransformerConfig
 from aiayn.batching import load_checkpoint_model, make_batch, pick_device
-from aiayn.engine import NonFiniteLoss, RunTrainer, TrainingInterrupted, claim_folder
 from aiayn.model import read_checkpoint
+from aiayn.runs import NonFiniteLoss, RunTrainer, TrainingInterrupted, claim_folder
 from aiayn.train import (
     RunFolder,
     TrainConfig,
@@ -321,7 +321,7 @@ def test_interrupted_and_resumed_run_reproduces_the_uninterrupted_one(tmp_path):
 
 def test_a_repeated_signal_is_one_request_and_none_interrupts_the_save():
     """`timeout` and torchrun's Ctrl-C deliver one signal twice: that must not abort."""
-    from aiayn.engine import stop_on_signals
+    from aiayn.runs import stop_on_signals
 
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN in a suite started with `&`
     with stop_on_signals(grace=0.5) as stop:
@@ -780,7 +780,7 @@ def test_the_first_signal_is_answered_at_once_a_second_under_torchrun_keeps_the_
     """At 22e25ab nothing was printed at the first signal, and under torchrun a second
     Ctrl-C 3 s later (the processes still agreeing on the update to stop after) lost the
     save."""
-    from aiayn.engine import stop_on_signals
+    from aiayn.runs import stop_on_signals
 
     said = []
     with stop_on_signals(grace=0.2, say=said.append, patient=True) as stop:

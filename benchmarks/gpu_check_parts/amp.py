@@ -31,7 +31,7 @@ def pretend_t4() -> Iterator[None]:
 def amp_setup(ctx: Context) -> tuple:
     """The recipe's model config, two batches of 12,000 positions, and their FLOPs."""
     from aiayn.batching import make_batch
-    from aiayn.data import GPU_RECIPE
+    from aiayn.multi30k import GPU_RECIPE
 
     sys.path.insert(0, str(BENCHMARKS))
     import peers
@@ -63,7 +63,7 @@ def amp_steps(ctx: Context, amp: str, config: Any, batches: list) -> tuple:
     import torch
 
     from aiayn import Transformer
-    from aiayn.engine import RunTrainer, check_finite
+    from aiayn.runs import RunTrainer, check_finite
     from aiayn.train import TrainConfig
 
     device = torch.device(ctx.device)

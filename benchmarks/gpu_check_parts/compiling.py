@@ -49,7 +49,7 @@ def compile_trainer(ctx: Context, steps: int) -> tuple:
     import torch
 
     from aiayn import Transformer, TransformerConfig
-    from aiayn.engine import RunTrainer
+    from aiayn.runs import RunTrainer
     from aiayn.train import (
         TrainConfig,
         encode_pairs,

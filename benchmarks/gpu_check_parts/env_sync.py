@@ -116,7 +116,7 @@ def sync_trainer(ctx: Context, loader: Any, config: Any, steps: int) -> Any:
     import torch
 
     from aiayn import Transformer
-    from aiayn.engine import RunTrainer
+    from aiayn.runs import RunTrainer
     from aiayn.train import TrainConfig
 
     torch.manual_seed(0)

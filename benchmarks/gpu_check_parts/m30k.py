@@ -100,8 +100,8 @@ def m30k_bleu(ctx: Context, folder: Path) -> None:
 
 def part_m30k(ctx: Context) -> None:
     """The Multi30k GPU recipe for N seconds, stopped by one SIGINT; its BLEU."""
-    from aiayn.data import DATA_ENV
     from aiayn.model import read_checkpoint
+    from aiayn.multi30k import DATA_ENV
 
     print(f"{DATA_ENV}={os.environ.get(DATA_ENV, '(not set: the package downloads)')}")
     folder = ctx.work / "m30k"

@@ -4,7 +4,7 @@
     python scripts/release/decoding_grid.py multi30k-de-en --data-dir DIR
     python scripts/release/decoding_grid.py multi30k-en-de --beams 4 6 --alphas 0.6 1.2
 
-Loads the shipped model the way users load it (`aiayn.data.pretrained`), decodes
+Loads the shipped model the way users load it (`aiayn.multi30k.pretrained`), decodes
 the 1,014 validation sentences with greedy search and with beam search for every
 (beam size, alpha) pair of the grid, and scores each with sacreBLEU. The test sets
 are never read. To say how much of the spread is noise, it adds sacreBLEU's 95%
@@ -30,8 +30,8 @@ from sacrebleu.significance import PairedTest
 # this file's folder, scripts/release/, is on sys.path when it runs as a script
 from ship_pretrained import cpu_name, head_commit
 
-from aiayn.data import evaluate_bleu, load_multi30k, pretrained, pretrained_file
 from aiayn.model import sha256_file
+from aiayn.multi30k import evaluate_bleu, load_multi30k, pretrained, pretrained_file
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = (4, 0.6)  # the paper's beam size and alpha (section 6.1)

@@ -28,7 +28,7 @@ import torch
 from ship_pretrained import cpu_name, head_commit
 
 from aiayn import TransformerConfig
-from aiayn.data import (
+from aiayn.multi30k import (
     BOOK_RECIPE,
     Multi30kRecipe,
     evaluate_bleu,

@@ -11,7 +11,7 @@ candidates are last.pt and averaged.pt (the mean of all the snapshots it kept),
 and, for each K of `--average`, the mean of its last K snapshots. Every
 candidate is scored by greedy BLEU on the validation set (1,014 sentences), and
 only there; the best one is written to results/NAME/ in float16 with
-`aiayn.data.save_pretrained`. With `--incumbent FILE` (the model shipped now),
+`aiayn.multi30k.save_pretrained`. With `--incumbent FILE` (the model shipped now),
 that file is a candidate too, and if it wins no model is written (a new model
 ships only when it is better on the validation set): the contest is appended to
 results/NAME/challengers/contests.json instead, with the runs' logs beside it
@@ -50,14 +50,14 @@ import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from aiayn.batching import load_checkpoint_model
-from aiayn.data import (
+from aiayn.model import sha256_file
+from aiayn.multi30k import (
     LONG_RECIPE,
     encode_text_pairs,
     evaluate_bleu,
     load_multi30k,
     save_pretrained,
 )
-from aiayn.model import sha256_file
 from aiayn.train import average_checkpoints, make_loader
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ Each module is the code of one chapter:
     aiayn.batching    chapter 11, book/11_batching.md
     aiayn.optim       chapter 12, book/12_loss_and_schedule.md
     aiayn.train       chapter 13, book/13_training.md
-    aiayn.engine      chapter 14, book/14_training_engine.md
+    aiayn.runs        chapter 14, book/14_training_engine.md
     aiayn.decoding    chapter 15, book/15_decoding.md
-    aiayn.data        chapter 16, book/16_translation.md
+    aiayn.multi30k    chapter 16, book/16_translation.md
     aiayn.viz         chapter 17, book/17_inside_attention.md
     aiayn.production  chapter 19, book/19_production.md
     aiayn.cli         chapter 20, book/20_command_line.md

@@ -179,7 +179,7 @@ def _check_decoded_id(i: Any, vocab_size: int) -> None:
 
 TOKENIZER_CLASSES: dict[str, str] = {
     "symbols": "aiayn.batching:SymbolTokenizer",  # this chapter
-    "subword": "aiayn.data:SubwordTokenizer",  # chapter 16
+    "subword": "aiayn.multi30k:SubwordTokenizer",  # chapter 16
 }
 
 

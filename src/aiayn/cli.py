@@ -29,7 +29,18 @@ import torch
 import torch.distributed as dist
 
 from aiayn.batching import pick_device, recipe_amp
-from aiayn.data import (
+from aiayn.decoding import DecodingConfig, decoding_config, translate
+from aiayn.model import (
+    Transformer,
+    TransformerConfig,
+    checkpoint_dict,
+    describe,
+    fits,
+    read_checkpoint,
+    setting,
+    write_checkpoint,
+)
+from aiayn.multi30k import (
     DATA_ENV,
     DIRECTIONS,
     MULTI30K_SPLITS,
@@ -42,30 +53,19 @@ from aiayn.data import (
     load_multi30k,
     prepare_multi30k,
 )
-from aiayn.decoding import DecodingConfig, decoding_config, translate
-from aiayn.engine import (
-    NonFiniteLoss,
-    RunTrainer,
-    TrainingInterrupted,
-    enable_grad_checkpointing,
-    init_distributed,
-)
-from aiayn.model import (
-    Transformer,
-    TransformerConfig,
-    checkpoint_dict,
-    describe,
-    fits,
-    read_checkpoint,
-    setting,
-    write_checkpoint,
-)
 from aiayn.production import (
     QUANTIZATIONS,
     ModelSource,
     export_ctranslate2,
     load_model,
     model_source,
+)
+from aiayn.runs import (
+    NonFiniteLoss,
+    RunTrainer,
+    TrainingInterrupted,
+    enable_grad_checkpointing,
+    init_distributed,
 )
 from aiayn.train import (
     SYNTHETIC_TRAIN_CONFIG,

@@ -26,7 +26,6 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.batching import model_from_checkpoint, token_strings, tokenizer_from_dict
-from aiayn.data import PRETRAINED, checkpoint_task, pretrained_file
 from aiayn.decoding import (
     MAX_LEN_MARGIN,
     DecodingConfig,
@@ -36,6 +35,7 @@ from aiayn.decoding import (
     never_generated,
 )
 from aiayn.model import Transformer, TransformerConfig, read_checkpoint, sha256_file
+from aiayn.multi30k import PRETRAINED, checkpoint_task, pretrained_file
 from aiayn.train import TASKS, checkpoint_file
 
 __all__ = [

@@ -626,7 +626,7 @@ class Trainer:
     def _module(self) -> nn.Module:
         """What the loop calls: the model itself, in a single process."""
         if world()[1] > 1:
-            raise ValueError("under torchrun, train with aiayn.engine.RunTrainer.")
+            raise ValueError("under torchrun, train with aiayn.runs.RunTrainer.")
         return self.model
 
     def _update_batches(self) -> list[Batch]:
