@@ -13,6 +13,11 @@ dispatches `python -m aiayn COMMAND` to the functions that chapters declare
 for the code written against it: `formerly: [aiayn.data]` in the front matter
 generates `aiayn/data.py`, which warns and offers the new module's names.
 
+`book/api.md`, the API reference, is generated too: a section for each module, and
+a table of "where things live" from the chapters' `hosts:` front matter, which names
+what a chapter holds only because later chapters need it below them (`hosts:
+{pick_device: choosing the device}`), with the modules that import each name.
+
 The bookkeeping is generated, not written by hand: a chapter's first export cell
 holds its imports and nothing else; the module's `__all__` (every top-level name
 without a leading underscore) follows them; and each block of code is marked with
@@ -46,6 +51,7 @@ import jupytext
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
 PACKAGE = ROOT / "src" / "aiayn"
+API_PAGE = BOOK / "api.md"
 CHAPTER_GLOB = "[0-9][0-9]_*.md"
 EXPORT_TAG = "export"
 MODULE_NAME = re.compile(r"^aiayn\.[a-z_][a-z0-9_]*$")
@@ -63,6 +69,7 @@ class Chapter:
     reexport: list[str]  # names that `from aiayn import ...` offers
     commands: dict[str, str]  # `python -m aiayn NAME` -> function of the module
     formerly: list[str] = field(default_factory=list)  # earlier names of the module
+    hosts: dict[str, str] = field(default_factory=dict)  # name -> what it is for
 
     @property
     def number(self) -> str:
@@ -167,9 +174,26 @@ def read_chapter(path: Path) -> Chapter:
         )
     if formerly and module is None:
         raise ExportError(f"{rel}: 'formerly' needs a 'module: aiayn.<name>'")
+    hosts = nb.metadata.get("hosts", {})
+    if not isinstance(hosts, dict) or not all(
+        isinstance(k, str) and IDENTIFIER.match(k) and isinstance(v, str) and v
+        for k, v in hosts.items()
+    ):
+        raise ExportError(
+            f"{rel}: front matter 'hosts' must map names to what they are for, "
+            f"got {hosts!r}"
+        )
+    for name in hosts:
+        if not re.search(rf"^(class|def) {name}\b|^{name}\s*[:=]", code, re.M):
+            raise ExportError(
+                f"{rel}: 'hosts' names {name}, which its '{EXPORT_TAG}' cells do "
+                "not define"
+            )
     if cells:
         check_bookkeeping(cells, rel)
-    return Chapter(path, title, module, cells, sections, reexport, commands, formerly)
+    return Chapter(
+        path, title, module, cells, sections, reexport, commands, formerly, hosts
+    )
 
 
 def former_module_text(chapter: Chapter, old: str) -> str:
@@ -574,21 +598,102 @@ def expected_files() -> dict[Path, str]:
             seen[name] = c.rel
     for module, c in owners.items():
         files[PACKAGE / (module.split(".", 1)[1] + ".py")] = module_text(c)
+    files[API_PAGE] = api_text(
+        chapters, {c.module: files_of(files, c) for c in owners.values()}
+    )
     for c in chapters:
         for old in c.formerly:
             if old in owners or old in ("aiayn.__init__", "aiayn.__main__"):
                 raise ExportError(f"{c.rel}: {old} is a module of the book still")
             files[PACKAGE / (old.split(".", 1)[1] + ".py")] = former_module_text(c, old)
-    return {path: formatted(path, text) for path, text in files.items()}
+    return {
+        path: text if path.suffix == ".md" else formatted(path, text)
+        for path, text in files.items()
+    }
+
+
+def files_of(files: dict[Path, str], chapter: Chapter) -> str:
+    """The generated module of a chapter, from the files made so far."""
+    return files[PACKAGE / (chapter.module.split(".", 1)[1] + ".py")]
+
+
+def importers(name: str, module: str, modules: dict[str, str]) -> list[str]:
+    """The modules whose code imports name from module (`from module import name`)."""
+    found = []
+    for other, text in modules.items():
+        for node in ast.walk(ast.parse(text)):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module == module
+                and any(a.name == name for a in node.names)
+            ):
+                found.append(other)
+                break
+    return found
+
+
+def api_text(chapters: list[Chapter], modules: dict[str, str]) -> str:
+    """book/api.md: where things live, then one section for each module."""
+    chapter_of = {c.module: c for c in chapters if c.module}
+    lines = [
+        "# API reference",
+        "",
+        "The package `aiayn` is generated from the chapters: each module below is "
+        "the code of the",
+        "chapter that exports it (see the {doc}`intro`). Install it with",
+        '`pip install "aiayn @ git+https://github.com/literate-transformer/aiayn"`.',
+        "",
+        "## Where things live",
+        "",
+        "A chapter imports only from earlier chapters, so what a later chapter needs",
+        "below it sometimes lives in an earlier one. This table, generated from the",
+        "chapters, says where to find such things and which modules use them.",
+        "",
+        "| name | lives in | what it is for | used by |",
+        "|---|---|---|---|",
+    ]
+    for c in chapters:
+        for name, purpose in c.hosts.items():
+            users = importers(name, c.module, modules)
+            later = [u for u in users if chapter_of[u].number > c.number]
+            if not later:
+                raise ExportError(
+                    f"{c.rel}: 'hosts' names {name}, which no later module imports; "
+                    "take it out of 'hosts'"
+                )
+            used = ", ".join(
+                f"`{u}` ({int(chapter_of[u].number)})"
+                for u in sorted(users, key=lambda u: chapter_of[u].number)
+            )
+            home = f"`{c.module}`, {{doc}}`{c.path.stem}`"
+            lines.append(f"| `{name}` | {home} | {purpose} | {used} |")
+    for c in chapters:
+        if c.module is None:
+            continue
+        lines += [
+            "",
+            f"## `{c.module}`",
+            "",
+            f"Chapter {{doc}}`{c.path.stem}`.",
+            "",
+            "```{eval-rst}",
+            f".. automodule:: {c.module}",
+            "   :members:",
+            "```",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def actual_files() -> dict[Path, str]:
-    """Every Python file now under src/aiayn/."""
-    return {
+    """Every Python file now under src/aiayn/, and the API page."""
+    found = {
         p: p.read_text(encoding="utf-8")
         for p in sorted(PACKAGE.rglob("*.py"))
         if "__pycache__" not in p.parts
     }
+    if API_PAGE.exists():
+        found[API_PAGE] = API_PAGE.read_text(encoding="utf-8")
+    return found
 
 
 def check() -> int:

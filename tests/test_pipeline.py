@@ -619,3 +619,53 @@ def test_the_references_give_each_source_what_it_states_of_itself() -> None:
     assert printed["doc001"].startswith("Damien Benveniste. ")
     assert "The AiEdge Newsletter, 12 February 2025." in printed["doc001"]
     assert "states no author or date" in printed["doc004"]
+
+
+def test_hosts_make_the_where_things_live_table_of_the_api_page(
+    demo_tree: Path,
+) -> None:
+    """A name a chapter keeps for later ones is listed with the modules that use it."""
+    chapter = demo_tree / "book/01_demo.md"
+    chapter.write_text(
+        chapter.read_text().replace(
+            "module: aiayn.demo\n",
+            "module: aiayn.demo\nhosts: {double: doubling for later chapters}\n",
+        )
+    )
+    result = run_script(demo_tree, "export.py")
+    assert result.returncode == 2 and "no later module imports" in result.stderr
+    head, _, _ = DEMO_CHAPTER.partition("```{code-cell}")
+    user = head.replace("aiayn.demo", "aiayn.user").replace("A demo", "A user") + (
+        "```{code-cell} ipython3\n:tags: [export]\n"
+        "from __future__ import annotations\n\n"
+        "from aiayn.demo import double\n```\n\n"
+        "```{code-cell} ipython3\n:tags: [export]\n"
+        "def quadruple(x: int) -> int:\n"
+        '    """Four times x."""\n'
+        "    return double(double(x))\n```\n"
+    )
+    (demo_tree / "book/02_user.md").write_text(user, encoding="utf-8")
+    result = run_script(demo_tree, "export.py")
+    assert result.returncode == 0, result.stderr
+    api = (demo_tree / "book/api.md").read_text()
+    assert (
+        "| `double` | `aiayn.demo`, {doc}`01_demo` | doubling for later chapters "
+        "| `aiayn.user` (2) |" in api
+    )
+    assert ".. automodule:: aiayn.user\n" in api
+    (demo_tree / "book/api.md").write_text(api.replace("doubling", "halving"))
+    result = run_script(demo_tree, "export.py", "--check")
+    assert result.returncode == 1 and "book/api.md: differs" in result.stdout
+
+
+def test_a_former_module_name_is_generated_and_warns(demo_tree: Path) -> None:
+    chapter = demo_tree / "book/01_demo.md"
+    chapter.write_text(
+        chapter.read_text().replace(
+            "module: aiayn.demo\n", "module: aiayn.demo\nformerly: [aiayn.old]\n"
+        )
+    )
+    assert run_script(demo_tree, "export.py").returncode == 0
+    old = (demo_tree / "src/aiayn/old.py").read_text()
+    assert "from aiayn.demo import *" in old and "DeprecationWarning" in old
+    assert run_script(demo_tree, "export.py", "--check").returncode == 0
