@@ -67,12 +67,38 @@ def stable_outputs(nb: nbformat.NotebookNode) -> None:
             output["data"]["text/html"] = text
 
 
+HIDDEN_SOURCE = {"hide-input", "hide-cell"}  # the HTML book folds these cells' code
+
+
+def fold(nb: nbformat.NotebookNode) -> None:
+    """Fold in Jupyter and Colab the code that the HTML book folds.
+
+    JupyterLab and Notebook read jupyter.source_hidden; Colab shows a cell with
+    cellView "form" as its output and a "Show code" link.
+    """
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        hidden = bool(HIDDEN_SOURCE & set(cell.metadata.get("tags", [])))
+        jupyter = cell.metadata.get("jupyter", {})
+        jupyter.pop("source_hidden", None)
+        cell.metadata.pop("cellView", None)
+        if hidden:
+            jupyter["source_hidden"] = True
+            cell.metadata["cellView"] = "form"
+        if jupyter:
+            cell.metadata["jupyter"] = jupyter
+        else:
+            cell.metadata.pop("jupyter", None)
+
+
 def notebook_from_source(md: Path) -> nbformat.NotebookNode:
     """The chapter as an unexecuted notebook, paired with its .md."""
     nb = jupytext.read(md)
     nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,md:myst"
     nb.metadata["jupytext"].pop("text_representation", None)
     cell_ids(nb)
+    fold(nb)
     return nb
 
 

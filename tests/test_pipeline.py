@@ -669,3 +669,20 @@ def test_a_former_module_name_is_generated_and_warns(demo_tree: Path) -> None:
     old = (demo_tree / "src/aiayn/old.py").read_text()
     assert "from aiayn.demo import *" in old and "DeprecationWarning" in old
     assert run_script(demo_tree, "export.py", "--check").returncode == 0
+
+
+@pytest.mark.parametrize("chapter", NOTEBOOK_PAGES, ids=lambda p: p.stem)
+def test_notebooks_fold_the_code_that_the_html_book_folds(chapter: Path) -> None:
+    """In Jupyter (source_hidden) and Colab (the form view), as on the web page."""
+    stored = nbformat.read(chapter.with_suffix(".ipynb"), as_version=4)
+    for cell in stored.cells:
+        if cell.cell_type != "code":
+            continue
+        folded = {"hide-input", "hide-cell"} & set(cell.metadata.get("tags", []))
+        hidden = cell.metadata.get("jupyter", {}).get("source_hidden", False)
+        form = cell.metadata.get("cellView") == "form"
+        assert hidden == form == bool(folded), (
+            f"{chapter.stem}: a cell folded {bool(folded)} but source_hidden "
+            f"{hidden}, form view {form}: run python scripts/execute.py "
+            f"book/{chapter.name}\n{cell.source[:200]}"
+        )
