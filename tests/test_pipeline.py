@@ -686,3 +686,28 @@ def test_notebooks_fold_the_code_that_the_html_book_folds(chapter: Path) -> None
             f"{hidden}, form view {form}: run python scripts/execute.py "
             f"book/{chapter.name}\n{cell.source[:200]}"
         )
+
+
+def test_intro_counts_the_cells_whose_output_is_not_compared() -> None:
+    """The intro's figures are the book's: ignored, all and unasserted code cells."""
+    ignored = code = unasserted = 0
+    for page in NOTEBOOK_PAGES:
+        cells = [c for c in jupytext.read(page).cells if c.cell_type == "code"]
+        code += len(cells)
+        for i, cell in enumerate(cells):
+            if "nbval-ignore-output" not in cell.metadata.get("tags", []):
+                continue
+            ignored += 1
+            after = cells[i + 1].source if i + 1 < len(cells) else ""
+            unasserted += "assert" not in cell.source and "assert" not in after
+    intro = " ".join((ROOT / "book" / "intro.md").read_text().split())
+    stated = re.search(
+        r"`nbval-ignore-output`, (\d+) of the book's ([\d,]+) code cells\), and all "
+        r"but (\d+) of them",
+        intro,
+    )
+    assert stated, "the intro no longer states the counts in the expected words"
+    figures = (int(stated[1]), int(stated[2].replace(",", "")), int(stated[3]))
+    assert figures == (ignored, code, unasserted), (
+        f"book/intro.md says {figures}; the book has {(ignored, code, unasserted)}"
+    )

@@ -93,7 +93,12 @@ def fsmt(size: tuple, std: float = 0.02, **extra: Any) -> FSMTForConditionalGene
     return FSMTForConditionalGeneration(config)
 
 
-FAMILIES = {"marian": marian, "fsmt": fsmt}
+def fsmt_wmt19(size: tuple, std: float = 0.02, **extra: Any) -> Any:
+    """FSMT shaped as fairseq's WMT19 models: the decoder's FFN half the encoder's."""
+    return fsmt(size, std, **{"decoder_ffn_dim": size[-1] // 2, **extra})
+
+
+FAMILIES = {"marian": marian, "fsmt": fsmt, "wmt19": fsmt_wmt19}
 
 
 def reloaded(model: Any) -> Any:
@@ -158,6 +163,16 @@ def test_converted_configs_say_what_each_family_changes() -> None:
     assert (f.n_encoder_layers, f.n_decoder_layers) == (1, 2)
     tied = fsmt(SIZES[0], tie_word_embeddings=False)
     assert config_from_huggingface(tied).tie_output is False
+    assert f.decoder_d_ff is None  # one width for both stacks
+    w = config_from_huggingface(fsmt_wmt19(SIZES[0]))
+    assert (w.d_ff, w.decoder_d_ff) == (64, 32)
+    converted = from_huggingface(fsmt_wmt19(SIZES[0]))
+    widths = {layer.ffn.d_ff for layer in converted.encoder.layers}
+    assert widths == {64} and {
+        layer.ffn.d_ff for layer in converted.decoder.layers
+    } == {32}
+    with pytest.raises(ValueError, match="different attention heads"):
+        config_from_huggingface(fsmt(SIZES[0], decoder_attention_heads=2))
 
 
 def ended_often(hf: Any) -> Any:
@@ -317,8 +332,8 @@ def test_from_huggingface_refuses_what_it_cannot_convert() -> None:
         ValueError, match="MarianMTModel or an FSMTForConditionalGeneration"
     ):
         from_huggingface(torch.nn.Linear(2, 2))
-    uneven = marian(SIZES[0], decoder_ffn_dim=32)
-    with pytest.raises(ValueError, match="different feed-forward widths"):
+    uneven = marian(SIZES[0], decoder_attention_heads=2)
+    with pytest.raises(ValueError, match="different attention heads"):
         from_huggingface(uneven)
     odd = marian(SIZES[0], activation_function="tanh")
     with pytest.raises(ValueError, match="activation 'tanh'"):

@@ -130,6 +130,9 @@ class TransformerConfig:
     n_encoder_layers: int = setting(6, "the encoder's N", low=1)
     n_decoder_layers: int = setting(6, "the decoder's N", low=1)
     d_ff: int = setting(2048, "hidden width of the feed-forward networks", low=1)
+    decoder_d_ff: int | None = setting(
+        None, "the decoder's own d_ff, as in WMT19's models (none: d_ff)", low=1
+    )
     dropout: float = setting(0.1, "P_drop at every dropout site", low=0, below=1)
     activation: str = setting(
         "relu", "the feed-forward activation", choices=tuple(sorted(ACTIVATIONS))
@@ -348,7 +351,8 @@ class Transformer(nn.Module):
             eps=c.eps,
         )
         self.encoder = Encoder(c.n_encoder_layers, **stack)
-        self.decoder = Decoder(c.n_decoder_layers, **stack)
+        decoder_d_ff = c.d_ff if c.decoder_d_ff is None else c.decoder_d_ff
+        self.decoder = Decoder(c.n_decoder_layers, **{**stack, "d_ff": decoder_d_ff})
         self.head = PredictionHead(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
         self._share_matrices()
         self.reset_parameters()

@@ -136,21 +136,18 @@ def config_from_huggingface(hf_model: Any) -> TransformerConfig:
     """The TransformerConfig of a MarianMTModel or FSMT model (chapter 19)."""
     kind, h = _family(hf_model), hf_model.config
     enc, dec = hf_model.model.encoder, hf_model.model.decoder
-    for what, pair in {
-        "attention heads": (h.encoder_attention_heads, h.decoder_attention_heads),
-        "feed-forward widths": (h.encoder_ffn_dim, h.decoder_ffn_dim),
-    }.items():
-        if pair[0] != pair[1]:
-            raise ValueError(
-                f"the encoder and decoder have different {what} {pair}; a "
-                "TransformerConfig has one value for both stacks."
-            )
+    heads = (h.encoder_attention_heads, h.decoder_attention_heads)
+    if heads[0] != heads[1]:
+        raise ValueError(
+            f"the encoder and decoder have different attention heads {heads}; a "
+            "TransformerConfig has one value for both stacks."
+        )
     if h.activation_function not in HF_ACTIVATIONS:
         raise ValueError(
             f"activation {h.activation_function!r} has no counterpart here; "
             f"the ones converted are {sorted(HF_ACTIVATIONS)}."
         )
-    output = _output_matrix(hf_model)
+    output, dec_ffn = _output_matrix(hf_model), h.decoder_ffn_dim
     return TransformerConfig(
         src_vocab_size=enc.embed_tokens.weight.size(0),
         tgt_vocab_size=output.size(0),
@@ -159,6 +156,8 @@ def config_from_huggingface(hf_model: Any) -> TransformerConfig:
         n_encoder_layers=h.encoder_layers,
         n_decoder_layers=h.decoder_layers,
         d_ff=h.encoder_ffn_dim,
+        # WMT19's decoder is narrower than its encoder (4096 against 8192)
+        decoder_d_ff=None if dec_ffn == h.encoder_ffn_dim else dec_ffn,
         dropout=0.0,  # a converted model is for inference
         activation=HF_ACTIVATIONS[h.activation_function],
         norm_first=False,
