@@ -152,13 +152,22 @@ def read_chapter(path: Path) -> Chapter:
             f"{rel}: front matter 'commands' must map command names to functions, "
             f"got {commands!r}"
         )
-    if (reexport or commands) and module is None:
+    hosts = nb.metadata.get("hosts", {})
+    if not isinstance(hosts, dict) or not all(
+        isinstance(k, str) and IDENTIFIER.match(k) and isinstance(v, str) and v
+        for k, v in hosts.items()
+    ):
         raise ExportError(
-            f"{rel}: 'reexport' and 'commands' need a 'module: aiayn.<name>' "
-            "to export from"
+            f"{rel}: front matter 'hosts' must map names to what they are for, "
+            f"got {hosts!r}"
+        )
+    if (reexport or commands or hosts) and module is None:
+        raise ExportError(
+            f"{rel}: 'reexport', 'commands' and 'hosts' need a "
+            "'module: aiayn.<name>' to export from"
         )
     code = "\n".join(cells)
-    for name in [*reexport, *commands.values()]:
+    for name in [*reexport, *commands.values(), *hosts]:
         if not re.search(rf"^(class|def) {name}\b|^{name}\s*[:=]", code, re.M):
             raise ExportError(
                 f"{rel}: front matter names {name}, "
@@ -174,21 +183,6 @@ def read_chapter(path: Path) -> Chapter:
         )
     if formerly and module is None:
         raise ExportError(f"{rel}: 'formerly' needs a 'module: aiayn.<name>'")
-    hosts = nb.metadata.get("hosts", {})
-    if not isinstance(hosts, dict) or not all(
-        isinstance(k, str) and IDENTIFIER.match(k) and isinstance(v, str) and v
-        for k, v in hosts.items()
-    ):
-        raise ExportError(
-            f"{rel}: front matter 'hosts' must map names to what they are for, "
-            f"got {hosts!r}"
-        )
-    for name in hosts:
-        if not re.search(rf"^(class|def) {name}\b|^{name}\s*[:=]", code, re.M):
-            raise ExportError(
-                f"{rel}: 'hosts' names {name}, which its '{EXPORT_TAG}' cells do "
-                "not define"
-            )
     if cells:
         check_bookkeeping(cells, rel)
     return Chapter(

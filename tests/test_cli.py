@@ -636,32 +636,6 @@ def test_warnings_reach_a_user_as_one_line():
     assert ".py" not in done.stderr  # no source path, no source line
 
 
-def test_the_install_hint_names_what_installs():
-    """At 22e25ab: `pip install "aiayn[hf]"`, but no aiayn is on the package index."""
-    code = (
-        "import sys; sys.modules['transformers'] = None; "
-        "sys.modules['ctranslate2'] = None\n"
-        "from aiayn.production import export_ctranslate2, load_huggingface\n"
-        "for call in (lambda: load_huggingface('x'), "
-        "lambda: export_ctranslate2(None, None, 'x')):\n"
-        "    try:\n        call()\n    except ImportError as err:\n        print(err)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=HANG_S,
-    ).stdout.splitlines()
-    repository = "git+https://github.com/literate-transformer/aiayn"
-    assert out == [
-        "this needs transformers, which is not installed: pip install transformers "
-        f'sentencepiece sacremoses, or pip install "aiayn[hf] @ {repository}".',
-        "this needs ctranslate2, which is not installed: pip install ctranslate2, "
-        f'or pip install "aiayn[ctranslate2] @ {repository}".',
-    ]
-
-
 def test_errno_of_the_export_failure_is_kept_for_callers(tmp_path):
     """The one-line message is still an OSError, its cause chained for programs."""
     from aiayn.production import export_folder
