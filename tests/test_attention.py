@@ -281,3 +281,67 @@ def test_a_pytorch_key_padding_mask_for_a_batch_of_one_is_refused_everywhere() -
     # batch 3: [1, k_len] can only be shared
     q, k, v = random_qkv(3, 2, q_len=1, k_len=4)
     scaled_dot_product_attention(q, k, v, mask=torch.ones(1, 4, dtype=torch.bool))
+
+
+def test_half_precision_outputs_stay_close_to_float32() -> None:
+    """float16 and bfloat16 give what float32 gives, to the precision of the dtype."""
+    q, k, v = random_qkv(2)
+    mask = torch.rand(2, 5, 7, generator=torch.Generator().manual_seed(3)) > 0.5
+    mask[0, 1] = False  # a query that may attend to nothing
+    reference, _ = scaled_dot_product_attention(q, k, v, mask)
+    for dtype in (torch.float16, torch.bfloat16):
+        out, _ = scaled_dot_product_attention(
+            q.to(dtype), k.to(dtype), v.to(dtype), mask
+        )
+        torch.testing.assert_close(out.float(), reference, atol=5e-2, rtol=0)
+        assert (out[0, 1] == 0).all()
+
+
+# --- claims of the source documents (chapter 1, "What the documents say") -----------
+
+
+def test_doc001_key_first_scores_normalise_over_queries() -> None:
+    """e_ij = k_i . q_j normalised over j: no product with V, wrong weights."""
+    q, k, v = random_qkv(q_len=3, k_len=5, d_k=4, d_v=4)
+    a_doc = torch.softmax(k @ q.T / 2, dim=-1)  # [k_len, q_len]
+    with pytest.raises(RuntimeError):
+        a_doc @ v  # [5, 3] @ [5, 4]
+    q, k, v = random_qkv(q_len=5, k_len=5, d_k=4, d_v=4)  # as many queries as keys
+    _, weights = scaled_dot_product_attention(q, k, v)  # [q_len, k_len]
+    a_doc = torch.softmax(k @ q.T / 2, dim=-1)  # row i: key i over the queries
+    assert not torch.allclose(a_doc, weights)
+    per_query = a_doc.sum(dim=0)  # the weight each query hands out
+    assert not torch.allclose(per_query, torch.ones(5))
+
+
+def test_doc001_column_layout_needs_v_times_a_transposed() -> None:
+    """With columns [d, N], QK^T is [d, d] and AV^T is C^T; C = V A^T."""
+    d, n = 6, 4
+    qc, kc, vc = (t.T for t in random_qkv(q_len=n, k_len=n, d_k=d, d_v=d))  # [d, N]
+    rows, _ = scaled_dot_product_attention(qc.T, kc.T, vc.T)  # row layout: [N, d]
+    a = torch.softmax(qc.T @ kc / math.sqrt(d), dim=-1)  # e_ij = q_i . k_j: [N, N]
+    assert (qc @ kc.T).shape == (d, d)
+    torch.testing.assert_close(a @ vc.T, rows)  # the document's C = A V^T: C^T
+    torch.testing.assert_close(vc @ a.T, rows.T)  # C = [c_1 ... c_N]: [d, N]
+
+
+def test_minus_1e9_does_not_exist_in_float16() -> None:
+    """doc003's mask constant overflows float16; the dtype's minimum does not."""
+    scores = torch.randn(2, 3, dtype=torch.float16)
+    blocked = torch.tensor([[False, True, False], [True, True, True]])
+    with pytest.raises(RuntimeError, match="overflow"):
+        scores.masked_fill(blocked, -1e9)
+    weights = masked_softmax(scores, ~blocked)
+    assert torch.isfinite(weights).all() and (weights[blocked] == 0).all()
+
+
+def test_qk_and_av_each_cost_2n2d_flops() -> None:
+    """doc000 counts QK^T and AV together as 2N^2D; each costs that, 4N^2D in all."""
+    from aiayn.attention import count_flops
+
+    d = 64
+    for n in (128, 256, 512):
+        x = torch.randn(n, d)
+        assert (
+            count_flops(lambda: scaled_dot_product_attention(x, x, x)) == 4 * n * n * d
+        )

@@ -514,3 +514,47 @@ def test_a_batch_padded_to_a_multiple_of_8_gives_the_same_loss_and_logits() -> N
         assert torch.allclose(
             loss(a, batch.tgt_out), loss(b, padded.tgt_out), atol=1e-4
         )
+
+
+# --- what the documents say (chapter 11) ----------------------------------------------
+
+
+def bracketed_labels(pairs) -> torch.Tensor:
+    """<s> y </s> of each target, right-padded, as the documents slice it: [b, m+2]."""
+    return pad_sequences([[BOS, *y, EOS] for _, y in pairs], PAD)
+
+
+def test_slicing_a_bracketed_target_gives_the_labels_and_scored_logits_of_make_batch():
+    """tgt[:, :-1] and tgt[:, 1:] differ from make_batch only where nothing scores."""
+    from aiayn import Transformer, TransformerConfig
+
+    pairs = [([5, 6, 7, 8], [9, 10, 11, 12, 13]), ([5, 6], [9, 10])]
+    batch = make_batch(pairs, PAD, BOS, EOS)
+    full = bracketed_labels(pairs)
+    tgt_input, tgt_output = full[:, :-1], full[:, 1:]  # [batch, m + 1] each
+    assert torch.equal(tgt_output, batch.tgt_out)
+    differ = tgt_input != batch.tgt_in
+    # the short target's end token, left in the input, where the label is padding
+    assert differ.nonzero().tolist() == [[1, 3]] and tgt_input[1, 3] == EOS
+    assert (batch.tgt_out[differ] == PAD).all()
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(14)).eval()
+    with torch.no_grad():
+        sliced = model(batch.src, tgt_input)  # [batch, m + 1, V]
+        built = model(batch.src, batch.tgt_in)
+    scored = batch.tgt_out != PAD
+    assert torch.allclose(sliced[scored], built[scored], atol=1e-5)
+    assert not torch.allclose(sliced[~scored], built[~scored], atol=1e-5)
+
+
+def test_sliced_labels_of_a_batch_cannot_view_flat_but_those_of_make_batch_can():
+    """The erratum: .view(-1) of tgt[:, 1:] raises for two sentences, not for one."""
+    pairs = [([5, 6, 7], [8, 9, 10]), ([5], [8])]
+    full = bracketed_labels(pairs)
+    sliced, one = full[:, 1:], full[:1, 1:]  # of the batch, of one sentence
+    assert not sliced.is_contiguous() and one.is_contiguous()
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        sliced.view(-1)
+    assert one.view(-1).tolist() == [8, 9, 10, EOS]
+    tgt_out = make_batch(pairs, PAD, BOS, EOS).tgt_out
+    assert tgt_out.is_contiguous() and torch.equal(tgt_out.view(-1), sliced.reshape(-1))

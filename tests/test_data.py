@@ -267,6 +267,19 @@ def test_training_the_tokenizer_is_deterministic(small_data):
     assert SubwordTokenizer.train(texts, vocab_size=600).to_dict() == first
 
 
+def test_the_books_vocabulary_gives_back_every_sentence_of_every_split():
+    """Chapter 16's 4,000 pieces: exact detokenization, and no unknown piece at all."""
+    root = local_multi30k()
+    splits = {split: load_multi30k(split, root=root) for split in data.MULTI30K_SPLITS}
+    texts = [text for pair in splits["train"] for text in pair]
+    tokenizer = SubwordTokenizer.train(texts, data.BOOK_RECIPE.vocab_size)
+    for split, pairs in splits.items():
+        texts = [text for pair in pairs for text in pair]
+        ids = tokenizer.encode_batch(texts)
+        assert [tokenizer.decode(i) for i in ids] == texts, split
+        assert not any(tokenizer.unk_id in i for i in ids), split
+
+
 # --- BLEU -----------------------------------------------------------------------------
 
 
@@ -457,6 +470,40 @@ def test_translate_reads_a_subword_checkpoint_in_a_fresh_process(checkpoint):
     )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split("\n")) == 3  # two lines and the final newline
+    model, tokenizer = load_checkpoint_model(checkpoint)
+    texts = ["Ein Hund läuft.", "Zwei Frauen."]
+    expected = translate(model, tokenizer, texts, method="greedy", max_len=6)
+    assert done.stdout.splitlines() == expected  # as this process translates
+
+
+def test_book_model_in_a_new_process_translates_as_this_one(checkpoint, tmp_path):
+    """The chapter's two lines (book_model, translate) in a fresh Python process."""
+    path = book_model_path().relative_to(data.cache_dir())  # as under any cache
+    (tmp_path / path).parent.mkdir(parents=True)
+    shutil.copy(checkpoint, tmp_path / path)
+    german = ["Ein kleiner Junge spielt im Park.", "Zwei Frauen lesen Zeitung."]
+    two_lines = (
+        "from aiayn.multi30k import book_model\n"
+        "from aiayn.decoding import translate\n"
+        "model, tokenizer = book_model()\n"
+        f"print(*translate(model, tokenizer, {german!r}), sep='\\n')\n"
+    )
+    env = {
+        **os.environ,
+        CACHE_ENV: str(tmp_path),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", two_lines],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=HANG_S,
+    )
+    assert done.returncode == 0, done.stderr
+    expected = translate(*load_checkpoint_model(checkpoint), german)
+    assert done.stdout.splitlines() == expected
 
 
 def test_the_preset_trains_two_steps_and_bleu_scores_the_checkpoint(tmp_path):

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from aiayn.attention import count_flops
 from aiayn.decoder import Decoder, DecoderCache, DecoderLayer, DecoderLayerCache
 from aiayn.masks import causal_mask, padding_mask, target_mask
 from aiayn.multi_head import KVCache
@@ -180,6 +181,26 @@ def test_jacobian_is_block_lower_triangular() -> None:
     assert blocks[~future].gt(0).all()
 
 
+def test_jacobians_without_causal_mask_and_over_a_padded_memory() -> None:
+    """Without the causal mask the future reaches every output; padding never does."""
+    torch.manual_seed(0)
+    dec = Decoder(2, 16, 2, 32).double().eval()
+    x = torch.randn(1, 6, 16, dtype=torch.float64)
+    memory = torch.randn(1, 5, 16, dtype=torch.float64)
+    pad = padding_mask(torch.tensor([[3, 8, 5, PAD, PAD]]), PAD)  # [1, 1, 1, 5]
+
+    def blocks(jac: torch.Tensor) -> torch.Tensor:  # [1, t, d, 1, s, d] -> [t, s]
+        return jac[0, :, :, 0].permute(0, 2, 1, 3).flatten(2).norm(dim=-1)
+
+    jacobian = torch.autograd.functional.jacobian
+    open_ = blocks(jacobian(lambda t: dec(t, memory, None, pad), x, vectorize=True))
+    to_memory = blocks(
+        jacobian(lambda m: dec(x, m, causal_mask(6), pad), memory, vectorize=True)
+    )
+    assert open_.gt(0).all()
+    assert to_memory[:, 3:].eq(0).all() and to_memory[:, :3].gt(0).all()
+
+
 def test_source_padding_does_not_change_outputs() -> None:
     torch.manual_seed(0)
     dec = Decoder(2, D_MODEL, N_HEADS, D_FF).eval()
@@ -203,6 +224,29 @@ def test_output_depends_on_memory_through_cross_attention() -> None:
         a = layer(x, memory, self_mask=causal_mask(5))
         b = layer(x, torch.randn_like(memory), self_mask=causal_mask(5))
     assert not torch.allclose(a, b, atol=1e-3)
+
+
+def test_every_layers_cross_attention_reads_the_memory() -> None:
+    """The output has a gradient in the memory, and every layer's reading moves it."""
+    torch.manual_seed(0)
+    dec = Decoder(2, 16, 2, 32).eval()
+    x, mask = torch.randn(1, 4, 16), causal_mask(4)
+    memory = torch.randn(1, 5, 16, requires_grad=True)
+    out = dec(x, memory, self_mask=mask)
+    # A random readout: the plain sum of LayerNorm outputs has a zero gradient.
+    (grad,) = torch.autograd.grad((out * torch.randn_like(out)).sum(), memory)
+    assert grad.abs().gt(1e-3).any()
+    other = torch.randn(1, 5, 16)
+    with torch.no_grad():
+        base = dec(x, memory, self_mask=mask)
+        for layer in dec.layers:
+            handle = layer.cross_attn.register_forward_pre_hook(
+                lambda mod, args, kwargs: (args, {**kwargs, "key_value": other}),
+                with_kwargs=True,
+            )
+            moved = dec(x, memory, self_mask=mask)
+            handle.remove()
+            assert not torch.allclose(moved, base)
 
 
 # --- incremental decoding -------------------------------------------------------------
@@ -299,6 +343,26 @@ def test_cross_attention_keys_and_values_are_computed_once() -> None:
     assert first - second == n_layers * (projection - one_key)
 
 
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_step_flops_match_the_formulas_of_the_chapter(n_layers: int) -> None:
+    """C(t) per cached step and R(t) per recomputed prefix, per layer (chapter 8)."""
+    d, d_ff, n, steps = 64, 256, 7, 6
+    with torch.device("meta"):
+        dec = Decoder(n_layers, d, 4, d_ff).eval()
+        memory, target = torch.empty(3, n, d), torch.empty(3, steps, d)
+    cache, b = dec.new_cache(), 3
+    for t in range(1, steps + 1):
+        step = count_flops(lambda: dec(target[:, t - 1 : t], memory, cache=cache))
+        mask = causal_mask(t, device="meta")[None, None]
+        prefix = count_flops(lambda: dec(target[:, :t], memory, self_mask=mask))
+        c = 12 * d * d + 4 * t * d + 4 * n * d + 4 * d * d_ff
+        c += 4 * n * d * d if t == 1 else 0
+        r = t * (12 * d * d + 4 * d * d_ff) + 4 * t * t * d + 4 * n * d * d
+        r += 4 * t * n * d
+        assert step == n_layers * b * c, t
+        assert prefix == n_layers * b * r, t
+
+
 def test_reorder_follows_a_beam_search() -> None:
     torch.manual_seed(0)
     dec = Decoder(2, D_MODEL, N_HEADS, D_FF, norm_first=True).eval()
@@ -373,6 +437,30 @@ def test_parameter_counts() -> None:
     assert count(big) == 16_796_672
     assert count(stack) == 6 * 4_204_032 == 25_224_192
     assert count(pre) == count(stack) + 1024
+
+
+def layer_formula(d: int, d_ff: int) -> int:
+    """Parameters of one decoder layer: 2 attention blocks + FFN + 3 LayerNorms."""
+    return 2 * (4 * d * d + 4 * d) + (2 * d * d_ff + d_ff + d) + 3 * 2 * d
+
+
+@pytest.mark.parametrize("d, n_heads, d_ff", [(512, 8, 2048), (1024, 16, 4096)])
+def test_component_and_stack_counts_match_the_formula(
+    d: int, n_heads: int, d_ff: int
+) -> None:
+    """Each projection, the layer and both stacks of the paper's models (chapter 8)."""
+    with torch.device("meta"):
+        layer = DecoderLayer(d, n_heads, d_ff)
+        post = Decoder(6, d, n_heads, d_ff)
+        pre = Decoder(6, d, n_heads, d_ff, norm_first=True)
+    for attn in (layer.self_attn, layer.cross_attn):
+        assert count(attn.in_proj) == 3 * d * d + 3 * d
+        assert count(attn.out_proj) == d * d + d
+    assert count(layer.ffn.w_1) == d * d_ff + d_ff
+    assert count(layer.ffn.w_2) == d_ff * d + d
+    assert count(layer) == layer_formula(d, d_ff)
+    assert count(post) == 6 * layer_formula(d, d_ff)
+    assert count(pre) == count(post) + 2 * d
 
 
 def test_final_norm_and_attributes() -> None:

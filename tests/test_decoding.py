@@ -372,6 +372,38 @@ def test_greedy_equals_chapter_13_reference(briefly_trained: Transformer) -> Non
         assert torch.equal(beam.tokens, reference)
 
 
+def test_beam_search_on_a_trained_model_is_the_same_without_the_cache(
+    briefly_trained: Transformer,
+) -> None:
+    """Peaked distributions, unlike an untrained model's: the cache changes nothing."""
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(4, 14, (12, 8), generator=gen)  # the task's ten symbols
+    src[torch.arange(8) >= torch.randint(1, 9, (12, 1), generator=gen)] = PAD
+    for alpha in (0.0, 0.6):
+        kw = dict(beam_size=4, alpha=alpha, n_best=4, max_len=12)
+        cached = beam_search(briefly_trained, src, **kw)
+        recomputed = beam_search(briefly_trained, src, use_cache=False, **kw)
+        assert torch.equal(cached.tokens, recomputed.tokens)
+        assert torch.equal(cached.lengths, recomputed.lengths)
+        assert torch.allclose(cached.scores, recomputed.scores, atol=1e-5)
+
+
+def test_the_best_k_of_each_hypothesis_hold_the_best_k_of_all_extensions() -> None:
+    """doc004's candidates, the k best of each hypothesis' k best, are beam search's."""
+    from aiayn.decoding import _candidates
+
+    gen = torch.Generator().manual_seed(0)
+    for k in (1, 2, 4):
+        alive = torch.randn(3, k, generator=gen)  # log P of k hypotheses per sentence
+        log_p = torch.randn(3 * k, V, generator=gen).log_softmax(-1)  # [3k, V]
+        extended = alive[..., None] + log_p.view(3, k, V)  # every extension: [3, k, V]
+        per_hypothesis = extended.topk(k, dim=-1).values.flatten(1)  # [3, k * k]
+        pooled = per_hypothesis.topk(k, dim=-1).values  # doc004's k: [3, k]
+        top, origin, token = _candidates(alive, log_p, k)  # the best 2k of kV: [3, 2k]
+        assert torch.equal(pooled, top[:, :k])
+        assert torch.equal(extended[torch.arange(3)[:, None], origin, token], top)
+
+
 def run_aiayn(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     """`python -m aiayn ARGS` in a subprocess importing the package from this tree."""
     env = {

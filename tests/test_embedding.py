@@ -447,3 +447,9 @@ def test_ids_off_the_cpu_are_not_read() -> None:
         check_token_ids(meta.float(), vocab_size=10)
     embed = TokenEmbedding(10, 4).to("meta")
     assert embed(meta).shape == (2, 3, 4)
+
+
+def test_the_unchecked_lookup_names_no_id() -> None:
+    """Without the checks, the lookup only says that an index is out of range."""
+    with pytest.raises(IndexError, match="index out of range in self"):
+        F.embedding(torch.tensor([[1, 2, 100]]), torch.zeros(100, 4))

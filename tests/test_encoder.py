@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch.autograd.functional import jacobian
 
 from aiayn.encoder import Encoder, EncoderLayer
 from aiayn.masks import padding_mask
@@ -137,6 +138,8 @@ def test_stack_parity_with_torch_on_real_positions(norm_first: bool) -> None:
     # nested-tensor fast path: padded rows are zeros, then LayerNorm -> its bias
     if not norm_first:
         torch.testing.assert_close(fast[~REAL], theirs.norm.bias.expand_as(fast[~REAL]))
+    else:  # no fast path for pre-norm layers: the padded positions agree as well
+        torch.testing.assert_close(out, fast, atol=1e-5, rtol=1e-5)
     slow = theirs(x, src_key_padding_mask=KEY_PADDING).detach()
     torch.testing.assert_close(out, slow, atol=1e-5, rtol=1e-5)
 
@@ -313,3 +316,34 @@ def test_bad_inputs(module: str) -> None:
         net(x, PAD[..., :5])
     with pytest.raises(ValueError, match="mask"):
         net(x, PAD[:, 0])  # [batch, 1, src_len]: three axes
+
+
+def test_jacobian_blocks_show_where_positions_mix() -> None:
+    """The FFN sublayer mixes no positions, one layer all, and padding reaches none."""
+    torch.manual_seed(0)
+    layer, stack = EncoderLayer(16, 4, 32).eval(), Encoder(2, 16, 4, 32).eval()
+    x = torch.randn(6, 16, generator=torch.Generator().manual_seed(1))  # [n, d]
+    mask = padding_mask(torch.tensor([[3, 9, 4, 7, 0, 0]]), 0)  # the last two padded
+
+    def block_norms(f) -> torch.Tensor:
+        """||dy_i/dx_j|| for every output position i and input position j: [n, n]."""
+        return jacobian(f, x, vectorize=True).pow(2).sum(dim=(1, 3)).sqrt()
+
+    ffn = block_norms(lambda t: layer.res_ffn(t, layer.ffn))
+    diagonal = torch.eye(6, dtype=torch.bool)
+    assert (ffn[~diagonal] == 0).all() and (ffn[diagonal] > 0).all()
+    assert (block_norms(lambda t: layer(t[None])[0]) > 0).all()
+    padded = block_norms(lambda t: stack(t[None], mask)[0])
+    assert (padded[:4, 4:] == 0).all()  # real outputs ignore the padded inputs
+    assert (padded[:4, :4] > 0).all() and (padded[4:, :4] > 0).all()
+
+
+def test_the_defaults_build_the_papers_encoder() -> None:
+    """Encoder(6, 512, 8, 2048) has the paper's d_k = 64, P_drop = 0.1 and post-norm."""
+    encoder = Encoder(n_layers=6, d_model=512, n_heads=8, d_ff=2048)
+    first = encoder.layers[0]
+    assert len(encoder.layers) == 6 and encoder.norm is None
+    assert (first.d_model, first.self_attn.n_heads, first.self_attn.d_k) == (512, 8, 64)
+    assert first.ffn.d_ff == 4 * 512 and first.ffn.activation == "relu"
+    assert first.res_attn.dropout.p == first.res_ffn.dropout.p == 0.1
+    assert not first.norm_first

@@ -22,13 +22,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from aiayn.batching import SymbolTokenizer
 from aiayn.decoder import DecoderCache
-from aiayn.masks import causal_mask, padding_mask
+from aiayn.masks import causal_mask, padding_mask, target_mask
 from aiayn.model import (
     CHECKPOINT_FORMAT,
     Transformer,
     TransformerConfig,
     checkpoint_dict,
     content_hash,
+    eval_mode,
     init_weights,
     load_state_dict_checked,
     read_checkpoint,
@@ -146,6 +147,25 @@ def test_forward_shapes_and_encode_decode():
         assert torch.allclose(model.decode(TGT, memory, SRC), logits)
         # a ready mask
         assert torch.allclose(model.decode(TGT, memory, padding_mask(SRC, 0)), logits)
+        y = model.decoder(
+            model.positional(model.tgt_embed(TGT)),
+            memory,
+            self_mask=target_mask(TGT, 0),
+            memory_mask=padding_mask(SRC, 0),
+        )  # the stages by hand: [3, 6, 64]
+        assert torch.allclose(model.head(y), logits, atol=1e-6)
+
+
+def test_eval_mode_restores_the_previous_mode_even_after_an_error():
+    """eval_mode switches dropout off inside, and the old mode back on the way out."""
+    model = tiny().train()
+    with pytest.raises(RuntimeError, match="inside"), eval_mode(model):
+        assert not any(m.training for m in model.modules())
+        raise RuntimeError("inside")
+    assert all(m.training for m in model.modules())
+    with eval_mode(model.eval()):
+        pass
+    assert not model.training
 
 
 def test_tied_weights_are_one_parameter():
@@ -179,6 +199,25 @@ def test_causal_and_padding_invariant():
         assert not torch.allclose(after[:, 3:], logits[:, 3:])
         alone = model(SRC[:1, :5], TGT[:1, :5])
         assert torch.allclose(alone, logits[:1, :5], atol=1e-5)
+        more_padding = torch.cat([SRC[:1], torch.zeros(1, 4, dtype=torch.long)], 1)
+        assert torch.allclose(model(more_padding, TGT[:1, :5]), alone, atol=1e-5)
+
+
+def test_the_stacks_without_masks_read_the_future_and_forward_never_does():
+    """The trap of a model whose masks default to None: the decoder reads ahead."""
+    model = tiny()
+    changed = TGT.clone()
+    changed[:, 4] = 3  # another token at position 4
+    with torch.no_grad():
+        memory = model.encode(SRC)
+
+        def unmasked(tgt: torch.Tensor) -> torch.Tensor:
+            return model.head(
+                model.decoder(model.positional(model.tgt_embed(tgt)), memory)
+            )
+
+        assert not torch.allclose(unmasked(changed)[:, :4], unmasked(TGT)[:, :4])
+        assert torch.allclose(model(SRC, changed)[:, :4], model(SRC, TGT)[:, :4])
 
 
 def test_parity_with_torch_transformer():
@@ -388,6 +427,33 @@ def test_init_is_xavier_per_matrix():
     )
 
 
+def test_init_weights_draws_w_q_w_k_w_v_apart_where_torch_packs_them():
+    """Each third of in_proj gets Xavier's 1/d_model; torch's packed one half that."""
+    torch.manual_seed(0)
+    ours = tiny(d_model=512, n_heads=8).encoder.layers[0].self_attn.in_proj.weight
+    for w in ours.detach().chunk(3):  # W^Q, W^K, W^V: [512, 512] each
+        assert abs(w.std().item() * math.sqrt(512) - 1) < 0.01
+    theirs = nn.MultiheadAttention(512, 8).in_proj_weight  # [1536, 512]
+    assert abs(theirs.std().item() * math.sqrt(1024) - 1) < 0.01
+
+
+def test_at_initialisation_every_layer_is_standardised_and_the_loss_near_log_v():
+    """Post-norm layers end in a LayerNorm; Xavier branches do not echo the input."""
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.small(8000)).eval()
+    stds = []
+    for layer in [*model.encoder.layers, *model.decoder.layers]:
+        layer.register_forward_hook(lambda m, args, out: stds.append(out.std().item()))
+    src, tgt, labels = (torch.randint(3, 8000, (2, 16)) for _ in range(3))
+    with torch.no_grad():
+        logits = model(src, tgt)  # [2, 16, 8000]
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()
+    assert len(stds) == 6 and all(abs(s - 1) < 0.01 for s in stds)
+    assert abs(logits.std().item() - 1) < 0.05
+    assert abs(loss - math.log(8000) - 0.5) < 0.5  # log V + 1/2: unit-variance logits
+    assert (logits.argmax(-1) == tgt).float().mean() < 0.5  # no echo of the input
+
+
 def test_bfloat16_autocast_on_cpu_has_no_nan():
     torch.manual_seed(0)
     model = Transformer(TransformerConfig.small(V))
@@ -467,6 +533,17 @@ def test_sinusoidal_model_loads_into_a_longer_table(tmp_path):
     with torch.no_grad():
         assert torch.equal(longer(SRC, TGT), short(SRC, TGT))
         assert longer(torch.randint(3, V, (1, 40)), TGT[:1]).shape == (1, 6, V)
+
+
+def test_a_mismatch_is_one_message_where_torch_writes_a_line_per_tensor():
+    """load_state_dict_checked names the misfits in one line; torch lists them all."""
+    state, wider = tiny().state_dict(), tiny(d_model=32)
+    with pytest.raises(RuntimeError) as theirs:
+        wider.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"and \d+ more") as ours:
+        load_state_dict_checked(wider, state)
+    assert len(str(theirs.value).splitlines()) > 50
+    assert len(str(ours.value).splitlines()) == 1
 
 
 def test_truncated_missing_and_foreign_files(tmp_path):

@@ -352,8 +352,10 @@ def test_dropout_only_in_training() -> None:
         c, _ = layer(src)
         d, _ = layer(src)
         _, w_eval = layer(src, need_weights=True)
+        layer.dropout = 0.0
+        e, _ = layer(src)
     assert not torch.allclose(a, b)
-    assert torch.equal(c, d)
+    assert torch.equal(c, d) and torch.equal(c, e)  # eval: as without dropout
     kept = w_train != 0
     assert (~kept).any() and torch.allclose(w_train[kept], 2 * w_eval[kept])
 
@@ -459,3 +461,59 @@ def test_the_fused_path_compiles_into_one_graph_without_cudnn():
     x = torch.randn(2, 5, 16)
     explained = torch._dynamo.explain(mha)(x, mask=torch.ones(2, 1, 1, 5, dtype=bool))
     assert explained.graph_count == 1 and explained.graph_break_count == 0
+
+
+def test_a_mask_passed_to_pytorch_unflipped_inverts_it() -> None:
+    """True means may attend here and ignore in torch.nn: a mask must be flipped."""
+    ours, theirs = pair()
+    src, _ = inputs()
+    pad = padding_mask(TOKENS, 0)  # [batch, 1, 1, k_len], True = real token
+    with torch.no_grad():
+        right, _ = ours(src, mask=pad)
+        flipped, _ = theirs(src, src, src, key_padding_mask=~pad[:, 0, 0])
+        unflipped, _ = theirs(src, src, src, key_padding_mask=pad[:, 0, 0])
+    torch.testing.assert_close(flipped, right, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(unflipped[1], right[1], atol=1e-3)
+
+
+# --- claims of the source documents (chapter 3, "What the documents say") -----------
+
+
+def test_doc000_chunck_is_not_a_tensor_method() -> None:
+    """doc000 cuts the packed projection with `chunck`; the method is `chunk`."""
+    layer = MultiHeadAttention(D_MODEL, N_HEADS)
+    src, _ = inputs()
+    packed = layer.in_proj(src)  # [batch, seq, 3 d_model]
+    with pytest.raises(AttributeError, match="chunck"):
+        packed.chunck(3, dim=-1)
+    assert [t.shape for t in packed.chunk(3, dim=-1)] == [(2, 6, D_MODEL)] * 3
+
+
+def test_doc001_head_shapes_in_the_column_layout() -> None:
+    """With heads [h, d_head, N], the scores are Q'^T K' and the contexts V' A'^T."""
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, bias=False).eval()
+    n, d_head = 6, D_MODEL // N_HEADS
+    h = torch.randn(D_MODEL, n)  # hidden states as columns: [d_model, N]
+    w_q, w_k, w_v = layer.in_proj.weight.detach().chunk(3)  # rows: W^T, [d, d]
+    qh, kh, vh = (
+        (w @ h).reshape(N_HEADS, d_head, n) for w in (w_q, w_k, w_v)
+    )  # [h, d_head, N]
+    assert (qh @ kh.transpose(-2, -1)).shape == (N_HEADS, d_head, d_head)
+    a = torch.softmax(qh.transpose(-2, -1) @ kh / d_head**0.5, dim=-1)  # [h, N, N]
+    a_vt = a @ vh.transpose(-2, -1)  # the document's C' = A' V'^T: [h, N, d_head]
+    assert a_vt.shape == (N_HEADS, n, d_head)
+    heads = torch.cat(  # each head in the row layout, as columns: [d_model, N]
+        [
+            scaled_dot_product_attention(*(t[i].T for t in (qh, kh, vh)))[0]
+            for i in range(N_HEADS)
+        ],
+        dim=-1,
+    ).T
+    with torch.no_grad():  # the layer with W^O = I returns the heads concatenated
+        layer.out_proj.weight.copy_(torch.eye(D_MODEL))
+        concat, _ = layer(h.T[None])  # [1, N, d_model]
+    torch.testing.assert_close(heads, concat[0].T, atol=1e-5, rtol=1e-5)
+    right = (vh @ a.transpose(-2, -1)).reshape(D_MODEL, n)  # V' A'^T
+    torch.testing.assert_close(right, heads, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a_vt.reshape(D_MODEL, n), heads, atol=1e-3)

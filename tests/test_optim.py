@@ -101,6 +101,32 @@ def test_kl_divergence_is_cross_entropy_minus_the_exact_entropy_constant() -> No
     assert smoothing_entropy(V, 0.0) == 0.0
 
 
+def test_kl_divergence_has_the_gradients_of_the_cross_entropy() -> None:
+    """KL(q' || p) and H(q', p) differ by a constant, so their gradients agree."""
+    V, eps = 13, 0.1
+    logits, target = batch(V)
+    keep = target != 0
+    q = smoothed_targets(target, V, eps, ignore_index=0)
+    z = logits.clone().requires_grad_(True)
+    (grad_ce,) = torch.autograd.grad(LabelSmoothingLoss(eps, 0)(z, target), z)
+    kl = F.kl_div(torch.log_softmax(z, -1)[keep], q[keep], reduction="batchmean")
+    (grad_kl,) = torch.autograd.grad(kl, z)
+    assert torch.allclose(grad_ce, grad_kl, atol=1e-7)
+
+
+def test_tensor2tensor_convention_is_pytorchs_loss_at_a_larger_eps() -> None:
+    """eps / (V - 1) on the others is the all-V convention at eps' = eps V / (V - 1)."""
+    V, eps = 11, 0.1
+    logits, target = batch(V)
+    keep = target != 0
+    q = torch.full((*target.shape, V), eps / (V - 1))
+    q.scatter_(-1, target.unsqueeze(-1), 1 - eps)
+    t2t = -(q * torch.log_softmax(logits, -1)).sum(-1)[keep].mean()
+    at_prime = LabelSmoothingLoss(eps * V / (V - 1), ignore_index=0)(logits, target)
+    assert torch.allclose(t2t, at_prime, atol=1e-6)
+    assert not torch.allclose(t2t, LabelSmoothingLoss(eps, 0)(logits, target))
+
+
 def test_decomposition_nll_plus_uniform_cross_entropy() -> None:
     V, eps = 13, 0.2
     logits, target = batch(V)
@@ -159,6 +185,23 @@ def test_all_ignored_batch_gives_zero_not_nan() -> None:
     assert empty.item() == 0.0
 
 
+def test_more_padding_leaves_the_mean_and_torch_gives_nan_on_padding_only() -> None:
+    """Appended padding changes nothing; where all is padding, torch gives nan."""
+    V = 13
+    logits, target = batch(V)
+    loss_fn = LabelSmoothingLoss(0.1, ignore_index=0)
+    longer_logits = torch.cat([logits, 50 * torch.randn(3, 4, V)], dim=1)  # [3, 11, V]
+    longer_target = torch.cat([target, torch.zeros(3, 4, dtype=torch.long)], dim=1)
+    assert torch.allclose(
+        loss_fn(longer_logits, longer_target), loss_fn(logits, target)
+    )
+    all_pad = torch.zeros(8, dtype=torch.long)
+    theirs = F.cross_entropy(
+        torch.randn(8, V), all_pad, ignore_index=0, label_smoothing=0.1
+    )
+    assert torch.isnan(theirs) and loss_fn(torch.randn(8, V), all_pad).item() == 0.0
+
+
 def test_ignore_index_none_and_out_of_range_ignore_index() -> None:
     V = 7
     logits, target = batch(V)
@@ -213,6 +256,37 @@ def test_finite_loss_and_gradients_with_extreme_logits(
     loss.backward()
     assert z.grad.dtype == dtype and bool(torch.isfinite(z.grad).all())
     assert loss.item() > 0
+
+
+def test_minimum_over_free_logits_is_the_smoothed_target() -> None:
+    """LBFGS on the loss lands on p* = q', at the gap delta* and the loss H(q')."""
+    V, eps, y = 1000, 0.1, 7
+    z = torch.zeros(1, V, dtype=torch.float64, requires_grad=True)
+    loss_fn = LabelSmoothingLoss(eps, ignore_index=None)
+    optimizer = torch.optim.LBFGS([z], max_iter=100, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = loss_fn(z, torch.tensor([y]))
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    p = torch.softmax(z.detach(), -1)[0]
+    gap = (z[0, y] - torch.cat([z[0, :y], z[0, y + 1 :]]).max()).item()
+    assert p[y].item() == pytest.approx(1 - eps + eps / V, rel=1e-5)
+    assert p[0].item() == pytest.approx(eps / V, rel=1e-3)
+    assert gap == pytest.approx(math.log(1 + (1 - eps) * V / eps), abs=1e-3)
+    h = smoothing_entropy(V, eps)
+    assert loss_fn(z, torch.tensor([y])).item() == pytest.approx(h, rel=1e-6)
+
+
+def test_the_chapters_round_numbers_for_the_papers_vocabulary() -> None:
+    """For V = 37000: delta* 12.7, H(q') 1.38 nats, perplexity 1.11 at the optimum."""
+    V, eps = 37000, 0.1
+    assert round(math.log(1 + (1 - eps) * V / eps), 1) == 12.7
+    assert round(smoothing_entropy(V, eps), 2) == 1.38
+    assert round(1 / (1 - eps + eps / V), 2) == 1.11  # 1 exactly without smoothing
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -271,6 +345,16 @@ def test_smoothed_targets_values_and_sums() -> None:
     assert torch.allclose(
         example, torch.full((5,), 0.02).index_fill(0, torch.tensor([2]), 0.92)
     )
+
+
+def test_doc004_example_is_the_first_convention_not_its_code() -> None:
+    """0.92 / 0.02 for token 2 of 5 is eps over all V; the code builds eps / (V - 2)."""
+    example = torch.tensor([0.02, 0.02, 0.92, 0.02, 0.02])
+    ours = smoothed_targets(torch.tensor(2), 5, 0.1, ignore_index=None)
+    assert torch.allclose(ours, example)
+    code = torch.full((5,), 0.1 / 3).index_fill(0, torch.tensor([2]), 0.9)
+    code[0] = 0.0  # the padding token
+    assert not torch.allclose(code, example, atol=1e-2)
 
 
 # --- errors ---------------------------------------------------------------------------
@@ -341,6 +425,12 @@ def test_rate_peaks_at_warmup_with_the_expected_value() -> None:
             rate(warmup, d_model, warmup) / 2
         )
     assert rate(100_000, 512) == pytest.approx(1.3975e-4, rel=1e-4)
+
+
+def test_schedules_with_different_warmups_coincide_after_both_warmups() -> None:
+    """After the warmup the rate does not depend on warmup_steps."""
+    assert all(rate(s, 512, 4000) == rate(s, 512, 8000) for s in range(8000, 20_000))
+    assert rate(7999, 512, 4000) != rate(7999, 512, 8000)
 
 
 def test_rate_rejects_bad_arguments() -> None:
@@ -459,6 +549,35 @@ def test_make_optimizer_skips_frozen_and_counts_shared_parameters_once() -> None
     model = nn.ModuleDict({"embed": embed, "head": head, "frozen": frozen})
     params = make_optimizer(model).param_groups[0]["params"]
     assert len(params) == 1 and params[0] is embed.weight
+
+
+def test_three_steps_of_the_recipe_on_the_tiny_model() -> None:
+    """Chapter 9's tiny model: its shared embedding once, and a falling loss."""
+    from aiayn.model import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(vocab_size=100))
+    d_model, pad = model.config.d_model, model.config.pad_id
+    optimizer = make_optimizer(model)
+    scheduler = make_scheduler(optimizer, d_model=d_model, warmup_steps=4000)
+    group = optimizer.param_groups[0]
+    assert sum(p.numel() for p in group["params"]) == model.num_parameters()
+    assert len(group["params"]) == len(list(model.parameters()))
+    assert group["lr"] == rate(1, d_model)
+    src = torch.randint(3, 100, (4, 9))
+    tgt = torch.randint(3, 100, (4, 8))
+    tgt[:2, 6:] = pad  # two shorter target sentences
+    criterion = LabelSmoothingLoss(0.1, ignore_index=pad)
+    losses = []
+    for _ in range(3):
+        loss = criterion(model(src, tgt[:, :-1]), tgt[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+    assert group["lr"] == pytest.approx(rate(4, d_model), rel=1e-12)
 
 
 def test_make_optimizer_update_is_adam() -> None:

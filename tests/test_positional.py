@@ -240,3 +240,59 @@ def test_dropout_acts_in_training_only(make) -> None:
     assert 0.4 < zeroed < 0.6
     kept = train_out != 0
     assert torch.allclose(train_out[kept], 2 * eval_out[kept])
+
+
+def test_table_matches_the_formula_at_the_papers_size() -> None:
+    """Entries at d_model = 512, up to position 4999, as the paper writes PE."""
+    table64 = sinusoidal_table(5000, 512, dtype=torch.float64)
+    for pos in (0, 1, 2, 17, 999, 4999):
+        for dim in range(0, 512, 37):
+            angle = pos / 10000 ** (2 * (dim // 2) / 512)
+            exact = math.sin(angle) if dim % 2 == 0 else math.cos(angle)
+            assert abs(table64[pos, dim].item() - exact) < 1e-12
+    rounding = (sinusoidal_table(5000, 512).double() - table64).abs().max()
+    assert rounding <= 2**-25  # within half a float32 step
+
+
+def test_an_unchecked_slice_fails_without_naming_positions() -> None:
+    """The bare add of a too short table fails cryptically; the module says why."""
+    long = torch.randn(1, 40, 16)
+    with pytest.raises(RuntimeError) as bare:
+        long + sinusoidal_table(30, 16)[: long.size(1)]
+    assert "position" not in str(bare.value)
+    with pytest.raises(ValueError, match="positions 0..39"):
+        SinusoidalPositionalEncoding(16, max_len=30)(long)
+
+
+# --- claims of the source documents (chapter 4, "What the documents say") -----------
+
+
+def test_doc001_rotation_acts_on_the_column_vector() -> None:
+    """R(k) PE(i) is PE(i + k); PE(i) as a row times R(k) is PE(i - k)."""
+    table = sinusoidal_table(40, 32, dtype=torch.float64)
+    i, k = 20, 5
+    r_k = shift_matrix(k, 32)
+    assert torch.allclose(r_k @ table[i], table[i + k])
+    row = table[i] @ r_k  # PE(i)^T R(k)
+    assert torch.allclose(row, table[i - k]) and not torch.allclose(row, table[i + k])
+
+
+def test_a_plain_tensor_table_breaks_half_precision_where_a_buffer_does_not() -> None:
+    """doc003 keeps the table as a plain attribute, which .to(dtype) leaves alone."""
+
+    class PlainAttribute(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = sinusoidal_table(100, 16)  # a plain tensor, not a buffer
+            self.first_layer = torch.nn.Linear(16, 8)
+
+        def forward(self, emb: torch.Tensor) -> torch.Tensor:
+            return self.first_layer(emb + self.table[: emb.size(1)])
+
+    emb = torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError):
+        PlainAttribute().to(torch.bfloat16)(emb)  # float32 sum into a bfloat16 layer
+    buffered = torch.nn.Sequential(
+        SinusoidalPositionalEncoding(16, 100), torch.nn.Linear(16, 8)
+    ).to(torch.bfloat16)
+    assert buffered(emb).dtype == torch.bfloat16

@@ -151,6 +151,45 @@ def test_the_shipped_model_is_found_in_the_checkout_and_matches_its_record(
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize("name", SHIPPED_NAMES)
+def test_the_records_are_listed_in_the_checksum_file_that_the_package_pins(name):
+    """The package pins the model, the tokenizer and SHA256SUMS; it pins the rest."""
+    sys.path.insert(0, str(ROOT / "scripts" / "release"))
+    import checksums
+
+    folder = ROOT / "results" / name
+    sums = checksums.read(folder / checksums.NAME)
+    assert sums == checksums.listed(folder), (
+        f"run python scripts/release/checksums.py results/{name}"
+    )
+    pinned = data.PRETRAINED[name]
+    assert set(pinned) == {"model.pt", "tokenizer.json", checksums.NAME}
+    assert pinned[checksums.NAME] == sha256_file(folder / checksums.NAME)
+    assert all(sums[file] == pinned[file] for file in ("model.pt", "tokenizer.json"))
+    assert any(file.startswith("runs/") for file in sums)  # the run records
+
+
+def test_a_record_is_verified_through_the_checksum_file(shipped, tmp_path):
+    """A file the package does not pin is fetched and checked against SHA256SUMS."""
+    _, mirror = shipped
+    folder = mirror / NAME
+    (folder / "runs").mkdir()
+    (folder / "runs" / "a.log").write_text("step 1 | loss 9.0\n")
+    sums = "".join(
+        f"{sha256_file(folder / f)}  {f}\n" for f in ("model.pt", "runs/a.log")
+    )
+    (folder / "SHA256SUMS").write_text(sums)
+    data.PRETRAINED[NAME]["SHA256SUMS"] = sha256_file(folder / "SHA256SUMS")
+    path = pretrained_file(NAME, "runs/a.log", base_url=mirror.as_uri())
+    assert path.read_text() == "step 1 | loss 9.0\n"
+    path.unlink()
+    (folder / "runs" / "a.log").write_text("step 1 | loss 1.0\n")  # not the record
+    with pytest.raises(ValueError, match="sha256"):
+        pretrained_file(NAME, "runs/a.log", base_url=mirror.as_uri())
+    with pytest.raises(ValueError, match="has no file 'runs/b.log'"):
+        pretrained_file(NAME, "runs/b.log", base_url=mirror.as_uri())
+
+
 def test_translate_pretrained_runs_and_names_unknown_models(tmp_path):
     env = {**os.environ, CACHE_ENV: str(tmp_path / "cache")}
     done = subprocess.run(

@@ -39,6 +39,15 @@ WORDS_PER_MINUTE, CODE_LINES_PER_MINUTE = 200, 15
 FOLDED = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
 MAX_CHAPTER_MINUTES = 90
 MAX_BOOK_HOURS = 20
+# Counting every line a reader of the notebook meets, folded or not (the exercises'
+# solutions apart): a chapter in at most 100 minutes, the book in at most 24 hours,
+# and at most 1,500 lines of folded checks that export nothing. A check that the
+# prose does not argue from belongs in tests/.
+MAX_CHAPTER_MINUTES_ALL_CODE = 100
+MAX_BOOK_HOURS_ALL_CODE = 24
+MAX_FOLDED_CHECK_LINES = 1500
+EXERCISES = re.compile(r"^## Exercises", re.M)
+HEADING = re.compile(r"^## ", re.M)
 
 
 def pages(among: list[Path] = CHAPTERS) -> list:
@@ -85,6 +94,41 @@ def visible_code_lines(page: Path) -> int:
         for line in c.source.splitlines()
         if line.strip()
     )
+
+
+def code_cells_read(page: Path) -> list:
+    """The code cells a reader of the notebook meets: all but the exercises' answers.
+
+    An answer is a folded cell (`hide-cell`) of the section "Exercises".
+    """
+    cells, in_exercises = [], False
+    for c in jupytext.read(page).cells:
+        if c.cell_type == "markdown":
+            for heading in HEADING.finditer(c.source):
+                in_exercises = bool(EXERCISES.match(c.source, heading.start()))
+        elif c.cell_type == "code":
+            if not (in_exercises and "hide-cell" in c.metadata.get("tags", [])):
+                cells.append(c)
+    return cells
+
+
+def lines(cell) -> int:
+    return sum(1 for line in cell.source.splitlines() if line.strip())
+
+
+def folded_check_lines(page: Path) -> int:
+    """Lines of folded code cells that export nothing (answers to exercises apart)."""
+    return sum(
+        lines(c)
+        for c in code_cells_read(page)
+        if FOLDED & set(tags := c.metadata.get("tags", [])) and "export" not in tags
+    )
+
+
+def minutes_with_all_code(page: Path) -> float:
+    """Reading time counting folded code too (the exercises' answers apart)."""
+    code = sum(map(lines, code_cells_read(page)))
+    return prose_words(page) / WORDS_PER_MINUTE + code / CODE_LINES_PER_MINUTE
 
 
 def reading_minutes(page: Path) -> float:
@@ -210,6 +254,30 @@ def test_chapter_reads_in_one_sitting(chapter: Path) -> None:
 def test_the_book_reads_in_at_most_20_hours() -> None:
     hours = sum(map(reading_minutes, PAGES)) / 60
     assert hours <= MAX_BOOK_HOURS, f"{hours:.1f} hours"
+
+
+@pytest.mark.parametrize("chapter", pages(PAGES))
+def test_chapter_reads_in_100_minutes_with_its_folded_code(chapter: Path) -> None:
+    minutes = minutes_with_all_code(chapter)
+    assert minutes <= MAX_CHAPTER_MINUTES_ALL_CODE, (
+        f"{minutes:.0f} minutes with the folded code ({folded_check_lines(chapter)} "
+        "lines of folded checks): move the checks the prose does not argue from to "
+        "tests/"
+    )
+
+
+def test_the_book_reads_in_24_hours_with_its_folded_code() -> None:
+    hours = sum(map(minutes_with_all_code, PAGES)) / 60
+    assert hours <= MAX_BOOK_HOURS_ALL_CODE, f"{hours:.1f} hours"
+
+
+def test_the_book_folds_at_most_1500_lines_of_checks() -> None:
+    folded = {p.stem: folded_check_lines(p) for p in PAGES}
+    total = sum(folded.values())
+    assert total <= MAX_FOLDED_CHECK_LINES, (
+        f"{total} lines of folded checks; the most: "
+        f"{sorted(folded.items(), key=lambda kv: -kv[1])[:4]}"
+    )
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)

@@ -64,6 +64,16 @@ def test_ffn_activations_differ_and_default_is_relu() -> None:
     assert not torch.allclose(relu(x), gelu(x))
 
 
+def test_gelu_is_z_phi_z_with_a_dip_and_a_close_tanh_form() -> None:
+    """GELU is z Phi(z), dips to about -0.17, and its tanh form stays within 1e-3."""
+    z = torch.linspace(-4, 4, 801)
+    gelu = ACTIVATIONS["gelu"](z)
+    by_erf = z * 0.5 * (1 + torch.erf(z / math.sqrt(2)))  # z * Phi(z)
+    torch.testing.assert_close(gelu, by_erf, atol=1e-6, rtol=0)
+    assert round(gelu.min().item(), 2) == -0.17
+    assert (F.gelu(z, approximate="tanh") - gelu).abs().max() < 1e-3
+
+
 def test_ffn_equals_two_width_one_convolutions() -> None:
     torch.manual_seed(0)
     ffn = PositionwiseFeedForward(16, 48)
@@ -264,7 +274,12 @@ def test_residual_bad_calls(call, message: str) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"dropout": 1.0}, "dropout"), ({"eps": 0.0}, "eps"), ({"d_model": 0}, "d_model")],
+    [
+        ({"dropout": 1.0}, "dropout"),
+        ({"dropout": -0.1}, "dropout"),
+        ({"eps": 0.0}, "eps"),
+        ({"d_model": 0}, "d_model"),
+    ],
 )
 def test_residual_bad_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

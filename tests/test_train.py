@@ -19,11 +19,13 @@ import torch
 from aiayn import Transformer, TransformerConfig
 from aiayn.batching import load_checkpoint_model, make_batch, pick_device
 from aiayn.model import read_checkpoint
+from aiayn.optim import LabelSmoothingLoss
 from aiayn.runs import NonFiniteLoss, RunTrainer, TrainingInterrupted, claim_folder
 from aiayn.train import (
     RunFolder,
     TrainConfig,
     Trainer,
+    autocast,
     autocast_dtype,
     average_checkpoints,
     encode_pairs,
@@ -118,6 +120,14 @@ def test_synthetic_pairs_are_deterministic_copies_and_reversals():
         synthetic_pairs("sort", 3)
     with pytest.raises(ValueError, match="max_len"):
         synthetic_pairs("copy", 3, min_len=4, max_len=2)
+
+
+def test_more_synthetic_pairs_of_a_seed_only_append_pairs():
+    """The first k of n pairs of a seed are the k pairs of that seed (chapter 13)."""
+    for task in ("copy", "reverse"):
+        first = synthetic_pairs(task, 100, seed=1)
+        assert synthetic_pairs(task, 2000, seed=1)[:100] == first
+        assert synthetic_pairs(task, 100, seed=2) != first
 
 
 def test_pick_device_and_amp():
@@ -279,6 +289,25 @@ def test_autocast_runs_on_cpu(amp):
     assert all(torch.isfinite(torch.tensor(history["loss"])))
     # the weights stay float32
     assert all(p.dtype == torch.float32 for p in t.model.parameters())
+
+
+def test_bf16_autocast_on_cpu_keeps_layernorm_the_loss_and_gradients_in_float32():
+    """Only the matrix products, and so the logits, run in bfloat16 (chapter 13)."""
+    cpu = torch.device("cpu")
+    assert autocast_dtype("auto", cpu) is None  # float32 on a CPU
+    model = tiny_model(dropout=0.0)
+    batch = make_batch(PAIRS[:4], 0, 1, 2)
+    with autocast("bf16", cpu):
+        logits = model(batch.src, batch.tgt_in)  # [4, tgt_len, V]
+        normed = model.encoder.layers[0].res_attn.norm(torch.randn(4, 3, 64))
+    assert logits.dtype == torch.bfloat16 and normed.dtype == torch.float32
+    loss = LabelSmoothingLoss(0.1)(logits, batch.tgt_out)  # log_softmax in float32
+    loss.backward()
+    assert loss.dtype == torch.float32
+    assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == {
+        torch.float32
+    }
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
 # --- checkpoints and resume -----------------------------------------------------------

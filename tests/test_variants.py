@@ -380,11 +380,21 @@ def test_gpt2_small_and_bert_base_sizes() -> None:
         gpt2 = DecoderOnlyLM(50257, 1024, 12, 768, 12, 3072)
         bert = EncoderOnlyModel(30522, 512, 12, 768, 12, 3072, pad_id=0)
     assert n_params(gpt2) == 124_439_808  # the released GPT-2 small checkpoint
+    assert n_params(gpt2) == (50257 + 1024) * 768 + 12 * layer_params(768, 3072) + 1536
     d = 768
     # minus the head's bias, plus the segment embeddings and the pooler
     bert_released = n_params(bert) - 30522 + 2 * d + (d * d + d)
     # the released BERT-base checkpoint (published: 110M)
     assert bert_released == 109_482_240
+
+
+def test_gpt3_sizes_give_175_billion_parameters_by_the_formula() -> None:
+    """GPT-3's published sizes with GPT-2's vocabulary: the 175 billion it states."""
+    d = 12288
+    with torch.device("meta"):
+        gpt3 = DecoderOnlyLM(50257, 2048, 96, d, 96, 4 * d)
+    assert n_params(gpt3) == (50257 + 2048) * d + 96 * layer_params(d, 4 * d) + 2 * d
+    assert round(n_params(gpt3) / 1e9) == 175
 
 
 # --------------------------------------------------------------------- training

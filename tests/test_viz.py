@@ -5,6 +5,7 @@ Recording attention with hooks, head statistics, head removal and the charts.
 
 from __future__ import annotations
 
+import copy
 import html
 import re
 
@@ -210,6 +211,8 @@ def test_without_heads() -> None:
         full = layer(x)[0]
         with without_heads(model, [("encoder", 1, h) for h in range(4)]):
             none = layer(x)[0]
+        with without_heads(model, []):
+            assert torch.equal(layer(x)[0], full)  # no head off: nothing changes
         with without_heads(model, [("encoder", 1, 0)]):
             three = layer(x)[0]
             # the hand-made equivalent: zero head 0's slice of the concatenation
@@ -280,6 +283,7 @@ def test_reverse_model_draws_the_anti_diagonal(reverser) -> None:
     model, digits, test = reverser
     order = head_statistics(model, test)["cross"]["order"]  # [layers, heads]
     assert order.min() < -0.9  # some head follows the source backwards
+    assert order[-1].mean() < -0.8  # and the last layer as a whole
     sa = sentence_attention(model, digits, "2 7 1 8 4 5 9 0", "0 9 5 4 8 1 7 2")
     assert (
         sa.source == list("27184590")
@@ -289,6 +293,40 @@ def test_reverse_model_draws_the_anti_diagonal(reverser) -> None:
     # last layer, mean of the heads
     looked_at = sa.weights["cross"][-1].mean(0).argmax(-1)[:8]
     assert (looked_at == torch.arange(7, -1, -1)).sum() >= 7
+
+
+def reorder_heads(model: Transformer, order: list[int]) -> Transformer:
+    """A copy of model with its heads in `order`: new head k is old head order[k]."""
+    model = copy.deepcopy(model)
+    for modules in attention_layers(model).values():
+        for attn in modules:
+            d_k = attn.d_k
+            features = torch.cat([torch.arange(h * d_k, (h + 1) * d_k) for h in order])
+            # the same rows of W^Q, W^K and W^V, and the same columns of W^O
+            rows = torch.cat([features + part * attn.d_model for part in range(3)])
+            with torch.no_grad():
+                attn.in_proj.weight.copy_(attn.in_proj.weight[rows])
+                attn.in_proj.bias.copy_(attn.in_proj.bias[rows])
+                attn.out_proj.weight.copy_(attn.out_proj.weight[:, features])
+    return model
+
+
+def test_reordered_heads_compute_the_same_function() -> None:
+    """Heads in reverse order: the same logits, and head h's statistics at 3 - h."""
+    model = tiny()
+    reversed_heads = reorder_heads(model, [3, 2, 1, 0])
+    with torch.no_grad():
+        logits, reordered = model(SRC, TGT_IN), reversed_heads(SRC, TGT_IN)
+    assert torch.allclose(logits, reordered, atol=1e-5)
+    pairs = [([5, 9, 7, 4, 5], [4, 12, 7, 12, 4]), ([8, 3], [9, 9]), ([6, 7], [7, 8])]
+    before = head_statistics(model, pairs)
+    moved = head_statistics(reversed_heads, pairs)
+    for kind, stats in before.items():
+        for name, v in stats.items():
+            flipped = v.flip(-1)  # head h -> head 3 - h: [layers, heads]
+            assert torch.allclose(moved[kind][name], flipped, atol=1e-5, equal_nan=True)
+    # the heads differ, so the statistics did move
+    assert not torch.allclose(moved["encoder"]["entropy"], before["encoder"]["entropy"])
 
 
 def test_sentence_attention_with_greedy_output(reverser) -> None:

@@ -23,11 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+# this file's folder, scripts/release/, is on sys.path when it runs as a script
+import checksums
 import sacrebleu
 import torch
 from sacrebleu.significance import PairedTest
-
-# this file's folder, scripts/release/, is on sys.path when it runs as a script
 from ship_pretrained import cpu_name, head_commit
 
 from aiayn.model import sha256_file
@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out) if args.out else ROOT / "results" / args.name / "decoding.json"
     out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    if out.parent == ROOT / "results" / args.name:  # a record of the shipped folder
+        checksums.write(out.parent)
     print(f"\nwrote {out}\n")
     print(markdown(record))
     print(

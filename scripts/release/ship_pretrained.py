@@ -27,6 +27,8 @@ receives:
     runs/RUN.metrics.jsonl.gz  each run's log, as the engine wrote it
     runs/RUN.log               what its training command printed, if RUN.log exists
 
+SHA256SUMS                 the digest of every file above (scripts/release/checksums.py)
+
 The digests to put into chapter 16's PRETRAINED are printed at the end; once the files
 are committed, that commit goes into PRETRAINED_COMMIT, the address they are downloaded
 from.
@@ -46,6 +48,7 @@ import sys
 import time
 from pathlib import Path
 
+import checksums  # scripts/release/, on sys.path when this runs as a script
 import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
@@ -390,8 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(record, indent=2) + "\n", encoding="utf-8"
     )
     print(f"wrote {out}; model.pt: {record['model_bytes']:,} bytes")
+    sums = checksums.write(out)  # every record of the folder, for `sha256sum -c`
     print("for chapter 16's PRETRAINED (then, once committed, its PRETRAINED_COMMIT):")
-    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+    for path in (out / "model.pt", out / "tokenizer.json", sums):
         print(f"{sha256_file(path)}  {path.relative_to(out.parent)}")
     return 0
 

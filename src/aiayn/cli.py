@@ -12,16 +12,14 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
-import os
 import re
 import signal
 import sys
 import textwrap
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -33,12 +31,10 @@ from aiayn.decoding import DecodingConfig, decoding_config, translate
 from aiayn.model import (
     Transformer,
     TransformerConfig,
-    checkpoint_dict,
     describe,
     fits,
     read_checkpoint,
     setting,
-    write_checkpoint,
 )
 from aiayn.multi30k import (
     DATA_ENV,
@@ -56,39 +52,44 @@ from aiayn.multi30k import (
 from aiayn.production import (
     QUANTIZATIONS,
     ModelSource,
+    OutputFailed,
+    Stopped,
+    TextOutput,
+    check_writable,
+    error_line,
     export_ctranslate2,
     load_model,
     model_source,
+    read_texts,
+    report_refused,
+    stop_on_signals,
+    too_long_refuser,
 )
 from aiayn.runs import (
+    Experiment,
     NonFiniteLoss,
-    RunTrainer,
     TrainingInterrupted,
+    average_run,
     enable_grad_checkpointing,
+    experiment_trainer,
     init_distributed,
+    last_validation,
+    run_banner,
+    synthetic_experiment,
 )
 from aiayn.train import (
-    SYNTHETIC_TRAIN_CONFIG,
     TASKS,
-    Pairs,
     SyntheticTask,
     TrainConfig,
-    average_checkpoints,
     check_training_version,
     checkpoint_file,
-    encode_pairs,
-    exact_match,
-    make_loader,
     saved_train_config,
-    synthetic_pairs,
-    synthetic_tokenizer,
 )
 
 __all__ = [
     "BOOK_URL",
     "BleuOptions",
     "CommandParser",
-    "Experiment",
     "ExportOptions",
     "ModelOptions",
     "Multi30kTask",
@@ -101,7 +102,6 @@ __all__ = [
     "export_main",
     "given",
     "multi30k_experiment",
-    "synthetic_experiment",
     "train_main",
     "translate_main",
 ]
@@ -214,56 +214,6 @@ class CommandParser(argparse.ArgumentParser):
 
 
 # Chapter 20, "Presets"
-@dataclass
-class Experiment:
-    """What a preset prepares: model, tokenizer, data, training defaults (chapter 20).
-
-    options: the preset's settings that decide the model and the data, which a
-    resumed run must share; task: what its checkpoints say they are trained for
-    (chapter 13).
-    """
-
-    model_config: TransformerConfig
-    tokenizer: Any
-    train_pairs: Pairs
-    valid_pairs: Pairs
-    train_config: TrainConfig
-    max_tokens: int = 4096
-    # TokenBatchSampler's bucket_size: None sorts all, 1 mixes lengths
-    bucket_size: int | None = None
-    metric: Callable[[Any], float] | None = None
-    metric_name: str = "metric"
-    options: dict[str, Any] = field(default_factory=dict)
-    task: dict[str, Any] | None = None
-
-
-def synthetic_experiment(
-    name: str, task: SyntheticTask, device: torch.device
-) -> Experiment:
-    """Chapter 13's copy or reverse run: the tiny model, 400 steps (chapter 20)."""
-    tokenizer = synthetic_tokenizer(task.n_symbols)
-
-    def pairs(n: int, seed: int) -> Pairs:
-        strings = synthetic_pairs(name, n, task.n_symbols, 1, task.max_len, seed=seed)
-        return encode_pairs(tokenizer, strings)
-
-    train, valid = pairs(task.train_size, 1), pairs(task.valid_size, 2)
-    config = TransformerConfig.tiny(tokenizer.vocab_size, max_len=task.max_len + 1)
-    return Experiment(
-        config,
-        tokenizer,
-        train,
-        valid,
-        SYNTHETIC_TRAIN_CONFIG,
-        max_tokens=2048,
-        bucket_size=1,
-        metric=lambda model: exact_match(model, valid),
-        metric_name="exact match",
-        options=dataclasses.asdict(task),
-        task={"data": name},
-    )
-
-
 @dataclass(frozen=True)
 class Multi30kTask:
     """The data and recipe of the presets multi30k-DIRECTION (chapter 20)."""
@@ -544,20 +494,22 @@ def _train(
     )
     config = _train_config(args, base, name, resume, device)
     max_tokens = args.max_tokens or run.get("max_tokens") or experiment.max_tokens
-    trainer = _trainer(experiment, config, name, max_tokens, resume, device, world)
+    trainer = experiment_trainer(
+        experiment, config, name, max_tokens, resume, device, world
+    )
     if args.grad_checkpointing:
         enable_grad_checkpointing(trainer.model)
     if world[0] == 0:  # said once the folder is the run's
-        trainer.announce = _first_line(trainer, name, device, world, config.steps)
+        trainer.announce = run_banner(trainer, name, device, world, config.steps)
     start = time.perf_counter()
     history = trainer.fit()
     if world[0] == 0:
         print(
             f"done in {time.perf_counter() - start:.1f} s"
-            + _last_validation(history, experiment.metric_name)
+            + last_validation(history, experiment.metric_name)
         )
         print(f"checkpoint: {trainer.folder.last}")
-        _average(trainer, experiment, device)
+        average_run(trainer, experiment, device)
     return 0
 
 
@@ -588,88 +540,6 @@ def _train_config(
     process = dict(overwrite=False, progress=True)  # unless the flags say otherwise
     changes = {**process, **given(args, TrainConfig), "checkpoint_dir": folder}
     return dataclasses.replace(base, **{**changes, "device": str(device)})
-
-
-def _trainer(
-    experiment: Experiment,
-    config: TrainConfig,
-    name: str,
-    max_tokens: int,
-    resume: Path | None,
-    device: torch.device,
-    world: tuple[int, int],
-) -> RunTrainer:
-    """A new RunTrainer for the experiment, or the resumed run's."""
-    loader = make_loader(
-        experiment.train_pairs,
-        experiment.tokenizer,
-        max_tokens,
-        seed=config.seed,
-        bucket_size=experiment.bucket_size,
-        num_replicas=world[1],
-        rank=world[0],
-        pin_memory=device.type == "cuda",
-    )
-    valid = make_loader(
-        experiment.valid_pairs, experiment.tokenizer, max_tokens, shuffle=False
-    )
-    extra = dict(
-        metric=experiment.metric,
-        metric_name=experiment.metric_name,
-        log=print if world[0] == 0 else None,
-        run_info={
-            "preset": name,
-            "options": experiment.options,
-            "max_tokens": max_tokens,
-            "task": experiment.task,
-        },
-    )
-    if resume is not None:
-        return RunTrainer.resume(resume, loader, valid, config=config, **extra)
-    model = Transformer(experiment.model_config)
-    return RunTrainer(model, config, loader, valid, experiment.tokenizer, **extra)
-
-
-def _first_line(
-    trainer: RunTrainer,
-    name: str,
-    device: torch.device,
-    world: tuple[int, int],
-    steps: int,
-) -> str:
-    """The run's first line: preset, device, processes, parameters and steps."""
-    threads = (
-        f", {torch.get_num_threads()} CPU thread(s)" if device.type == "cpu" else ""
-    )
-    return (
-        f"training {name} on {device}{threads}"
-        + (f" x {world[1]} processes" if world[1] > 1 else "")
-        + f": {trainer.model.num_parameters():,} parameters,"
-        f" from step {trainer.step} to {steps}"
-    )
-
-
-def _last_validation(history: dict[str, list[float]], metric_name: str) -> str:
-    if not history["valid_loss"]:
-        return ""
-    metric = history["metric"][-1]
-    return f"; valid loss {history['valid_loss'][-1]:.4f}" + (
-        "" if metric != metric else f", {metric_name} {metric:.4f}"
-    )  # metric != metric: NaN
-
-
-def _average(trainer: RunTrainer, experiment: Experiment, device: torch.device) -> None:
-    """Write the average of the run's snapshots to averaged.pt, and score it."""
-    snapshots = trainer.folder.snapshots()
-    if len(snapshots) < 2:
-        return
-    model, tokenizer = average_checkpoints(snapshots, map_location=device)
-    averaged = checkpoint_dict(model, tokenizer, task=trainer.run.get("task"))
-    path = write_checkpoint(averaged, trainer.folder.averaged)
-    line = f"average of the last {len(snapshots)} snapshots: {path}"
-    if experiment.metric is not None:
-        line += f", {experiment.metric_name} {experiment.metric(model):.4f}"
-    print(line)
 
 
 def _check_same_run(
@@ -728,12 +598,12 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
     when signal N stopped it.
     """
     args = _translate_parser().parse_args(argv)
-    output, texts, refused = _Output(args.output), [], {}
-    with _plain_warnings(), _exit_on_signals():
+    output, texts, refused = TextOutput(args.output), [], {}
+    with _plain_warnings(), stop_on_signals():
         try:
             source, config = _model_source(args), _decoding(args)
-            texts, refused = _inputs(args.text, args.input)  # refused: index -> why
-            _writable(args.output)
+            texts, refused = read_texts(args.text, args.input)  # refused: index -> why
+            check_writable(args.output)
             device = pick_device(args.device or "auto")  # chapter 11: cuda, mps, cpu
             with _threads(device, args.threads):
                 model, tokenizer, task = load_model(source, device, args.threads or 1)
@@ -745,175 +615,19 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
                 book = isinstance(model, Transformer)  # else an export's engine
                 limit = model.config.max_len if book else model.max_len
                 hooks = dict(
-                    on_batch=output.write, on_too_long=_refuser(refused, limit)
+                    on_batch=output.write, on_too_long=too_long_refuser(refused, limit)
                 )
                 if book:
                     translate(model, tokenizer, todo, config, **hooks)
                 else:  # chapter 19's CTranslate2Model, which decodes the same way
                     model.translate(todo, config, **hooks)
         except ValueError as err:
-            return _fail(str(err))
-        except _Stopped as stop:
+            return error_line(str(err))
+        except Stopped as stop:
             return stop.report(f"{output.count} of {len(texts)} lines written")
-        except _OutputFailed as failed:
+        except OutputFailed as failed:
             return failed.report(f"{output.count} of {len(texts)} lines written")
-    return _report(refused, len(texts), "text" if args.text else "line")
-
-
-class _Output:
-    """The output lines, written a batch at a time and flushed; counted."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path, self.count, self.file = path, 0, None
-
-    def write(self, lines: list[str]) -> None:
-        try:
-            if self.file is None:
-                self.file = (
-                    sys.stdout
-                    if self.path is None
-                    else open(self.path, "w", encoding="utf-8")
-                )
-            self.file.write("".join(line + "\n" for line in lines))
-            self.file.flush()
-        except OSError as err:
-            raise _OutputFailed(err) from None
-        self.count += len(lines)
-
-
-class _OutputFailed(Exception):
-    """The output could not be written: a full disk, a closed pipe."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(error.strerror or str(error))
-        self.error = error
-
-    def report(self, done: str) -> int:
-        """Say it once (not for a closed pipe); the exit status."""
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        if isinstance(self.error, BrokenPipeError):  # `| head`: the reader has enough
-            return 128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 1
-        return _fail(f"cannot write the translations ({self}); {done}.")
-
-
-def _writable(output: str | None) -> None:
-    """A ValueError unless output can be written; nothing in it changes."""
-    if output is None:
-        return
-    path = Path(output)
-    try:
-        existed = path.exists()
-        with open(path, "a", encoding="utf-8"):  # appends nothing, truncates nothing
-            pass
-        if not existed:
-            path.unlink()
-    except OSError as err:
-        raise ValueError(
-            f"cannot write the translations to {path} ({err.strerror or err}); "
-            "give --output a file in an existing, writable directory."
-        ) from None
-
-
-class _Stopped(Exception):
-    """A command stopped by SIGINT or SIGTERM (chapter 20)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-    def report(self, done: str) -> int:
-        """One line on standard error; the exit status, 128 + the signal's number."""
-        print(f"interrupted by {self}: {done}", file=sys.stderr)
-        return 128 + self.signum
-
-
-@contextlib.contextmanager
-def _exit_on_signals() -> Iterator[None]:
-    """Inside, SIGINT and SIGTERM raise _Stopped (chapter 20)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may handle signals
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        raise _Stopped(signum)
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-
-
-def _inputs(
-    texts: list[str] | None, path: str | None
-) -> tuple[list[str], dict[int, str]]:
-    """The texts to translate, and the indices of those that are not text, with why."""
-    if texts and path is not None:
-        raise ValueError("give the texts as arguments or as --input FILE, not both.")
-    if texts and len(texts) == 1 and Path(texts[0]).is_file():
-        raise ValueError(
-            f"{texts[0]} is a file: translate its lines with --input {texts[0]}"
-        )
-    if texts:  # arguments: undecodable bytes are surrogates (PEP 383)
-        lines = [text.encode("utf-8", "surrogateescape") for text in texts]
-    elif path is not None:
-        lines = _split_lines(Path(path).read_bytes())
-    else:
-        if sys.stdin.isatty():
-            print(
-                "reading the texts from standard input, one per line; end with Ctrl-D",
-                file=sys.stderr,
-            )
-        lines = _split_lines(sys.stdin.buffer.read())
-    decoded, refused = [], {}
-    for i, line in enumerate(lines):
-        try:
-            decoded.append(line.decode("utf-8"))
-        except UnicodeDecodeError as err:
-            decoded.append("")
-            refused[i] = (
-                f"not UTF-8 (byte 0x{line[err.start]:02x} at byte {err.start + 1}); "
-                "convert it, e.g. with iconv -f latin1 -t utf-8"
-            )
-    if not any(text.strip() for text in decoded) and not refused:
-        raise ValueError(
-            "nothing to translate: give the texts as arguments, --input FILE, or "
-            "lines on standard input."
-        )
-    return decoded, refused
-
-
-def _refuser(refused: dict[int, str], limit: int) -> Callable[[int, int], None]:
-    """What translate calls for a text longer than the model's table of limit rows."""
-
-    def refuse(i: int, tokens: int) -> None:
-        refused[i] = (
-            f"{tokens} tokens, more than the model's positional table holds "
-            f"(max_len={limit}); shorten or split it"
-        )
-
-    return refuse
-
-
-def _report(refused: dict[int, str], total: int, kind: str) -> int:
-    """Name the inputs not translated on standard error; the exit status."""
-    for i in sorted(refused):  # numbered from 1, as an editor numbers lines
-        print(f"error: {kind} {i + 1}: {refused[i]}", file=sys.stderr)
-    if refused:
-        print(
-            f"error: {len(refused)} of {total} {kind}s not translated; their output "
-            "lines are empty.",
-            file=sys.stderr,
-        )
-    return 1 if refused else 0
-
-
-def _fail(message: str) -> int:
-    """Report an error of a command in one line; its exit status, 2."""
-    print(f"error: {message}", file=sys.stderr)
-    return 2
+    return report_refused(refused, len(texts), "text" if args.text else "line")
 
 
 def _model_source(args: argparse.Namespace) -> ModelSource:
@@ -953,19 +667,6 @@ def _decoding(args: argparse.Namespace, methods: Sequence[str] = ()) -> Decoding
                 "would change nothing."
             )
     return config
-
-
-def _split_lines(data: bytes) -> list[bytes]:
-    """The lines of data, split at newlines only, each without a final carriage return.
-
-    Unlike str.splitlines, a form feed, a separator such as 0x1C or U+2028 inside a
-    line does not end it, so the output lines stay aligned with the input lines. A
-    final newline ends the last line; it does not start an empty one.
-    """
-    lines = data.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()  # after the final newline, or an empty input
-    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
 
 
 def _translate_parser() -> CommandParser:
@@ -1031,10 +732,10 @@ def bleu_main(argv: Sequence[str] | None = None) -> int:
     """`python -m aiayn bleu`: score a model with sacreBLEU on a split (chapter 20)."""
     args = _bleu_parser().parse_args(argv)
     data = BleuOptions(**given(args, BleuOptions))
-    with _plain_warnings(), _exit_on_signals():
+    with _plain_warnings(), stop_on_signals():
         try:
             source, config = _model_source(args), _decoding(args, ("beam", "greedy"))
-            _writable(args.output)
+            check_writable(args.output)
             device = pick_device(args.device or "auto")
             with _threads(device, args.threads):
                 model, tokenizer, task = load_model(source, device, args.threads or 1)
@@ -1046,8 +747,8 @@ def bleu_main(argv: Sequence[str] | None = None) -> int:
                 lines = "".join(line + "\n" for line in result.hypotheses)
                 Path(args.output).write_text(lines, encoding="utf-8")
         except (ValueError, OSError) as err:
-            return _fail(str(err))
-        except _Stopped as stop:
+            return error_line(str(err))
+        except Stopped as stop:
             return stop.report("nothing scored")
     how = f"beam {config.beam_size}, alpha {config.alpha}"
     how = "greedy" if config.method == "greedy" else how
@@ -1089,7 +790,7 @@ def _export_parser() -> CommandParser:
 def export_main(argv: Sequence[str] | None = None) -> int:
     """`python -m aiayn export`: write a model for CTranslate2 (chapter 20)."""
     args = _export_parser().parse_args(argv)
-    with _plain_warnings(), _exit_on_signals():
+    with _plain_warnings(), stop_on_signals():
         try:
             if args.ctranslate2 is None:
                 raise ValueError("give the folder to write: --ctranslate2 DIR.")
@@ -1107,8 +808,8 @@ def export_main(argv: Sequence[str] | None = None) -> int:
                 model, tokenizer, args.ctranslate2, args.quantization, task
             )
         except (ImportError, ValueError, OSError) as err:
-            return _fail(str(err))
-        except _Stopped as stop:
+            return error_line(str(err))
+        except Stopped as stop:
             return stop.report(f"{args.ctranslate2} is as it was")
     print(
         f"wrote {path}: {model.num_parameters():,} parameters in "

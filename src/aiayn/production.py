@@ -16,7 +16,10 @@ import os
 import pickle
 import re
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,10 +51,15 @@ __all__ = [
     "HUB_NAME",
     "HuggingFaceTokenizer",
     "ModelSource",
+    "OutputFailed",
     "QUANTIZATIONS",
+    "Stopped",
     "TOKENIZER_FILE",
+    "TextOutput",
+    "check_writable",
     "config_from_huggingface",
     "ctranslate2_spec",
+    "error_line",
     "export_ctranslate2",
     "export_folder",
     "export_manifest",
@@ -60,7 +68,12 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "model_source",
+    "read_texts",
+    "report_refused",
     "save_tokenizer",
+    "split_lines",
+    "stop_on_signals",
+    "too_long_refuser",
     "vocabulary",
 ]
 
@@ -846,3 +859,173 @@ def load_model(
     elif task is None and preset in TASKS:
         task = {"data": preset}
     return model.to(device), tokenizer, task
+
+
+# Chapter 19, "Translating a stream of texts"
+def error_line(message: str) -> int:
+    """Report a mistake that stops a command in one line; its exit status, 2."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+class TextOutput:
+    """The output lines, written a batch at a time and flushed; counted."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path, self.count, self.file = path, 0, None
+
+    def write(self, lines: list[str]) -> None:
+        try:
+            if self.file is None:
+                self.file = (
+                    sys.stdout
+                    if self.path is None
+                    else open(self.path, "w", encoding="utf-8")
+                )
+            self.file.write("".join(line + "\n" for line in lines))
+            self.file.flush()
+        except OSError as err:
+            raise OutputFailed(err) from None
+        self.count += len(lines)
+
+
+class OutputFailed(Exception):
+    """The output could not be written: a full disk, a closed pipe."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error.strerror or str(error))
+        self.error = error
+
+    def report(self, done: str) -> int:
+        """Say it once (not for a closed pipe); the exit status."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if isinstance(self.error, BrokenPipeError):  # `| head`: the reader has enough
+            return 128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 1
+        return error_line(f"cannot write the translations ({self}); {done}.")
+
+
+def check_writable(output: str | None) -> None:
+    """A ValueError unless output can be written; nothing in it changes."""
+    if output is None:
+        return
+    path = Path(output)
+    try:
+        existed = path.exists()
+        with open(path, "a", encoding="utf-8"):  # appends nothing, truncates nothing
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as err:
+        raise ValueError(
+            f"cannot write the translations to {path} ({err.strerror or err}); "
+            "give --output a file in an existing, writable directory."
+        ) from None
+
+
+class Stopped(Exception):
+    """A command stopped by SIGINT or SIGTERM (chapter 19)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    def report(self, done: str) -> int:
+        """One line on standard error; the exit status, 128 + the signal's number."""
+        print(f"interrupted by {self}: {done}", file=sys.stderr)
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM raise Stopped (chapter 19)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may handle signals
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def read_texts(
+    texts: list[str] | None, path: str | None
+) -> tuple[list[str], dict[int, str]]:
+    """The texts to translate, and the indices of those that are not text, with why."""
+    if texts and path is not None:
+        raise ValueError("give the texts as arguments or as --input FILE, not both.")
+    if texts and len(texts) == 1 and Path(texts[0]).is_file():
+        raise ValueError(
+            f"{texts[0]} is a file: translate its lines with --input {texts[0]}"
+        )
+    if texts:  # arguments: undecodable bytes are surrogates (PEP 383)
+        lines = [text.encode("utf-8", "surrogateescape") for text in texts]
+    elif path is not None:
+        lines = split_lines(Path(path).read_bytes())
+    else:
+        if sys.stdin.isatty():
+            print(
+                "reading the texts from standard input, one per line; end with Ctrl-D",
+                file=sys.stderr,
+            )
+        lines = split_lines(sys.stdin.buffer.read())
+    decoded, refused = [], {}
+    for i, line in enumerate(lines):
+        try:
+            decoded.append(line.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            decoded.append("")
+            refused[i] = (
+                f"not UTF-8 (byte 0x{line[err.start]:02x} at byte {err.start + 1}); "
+                "convert it, e.g. with iconv -f latin1 -t utf-8"
+            )
+    if not any(text.strip() for text in decoded) and not refused:
+        raise ValueError(
+            "nothing to translate: give the texts as arguments, --input FILE, or "
+            "lines on standard input."
+        )
+    return decoded, refused
+
+
+def too_long_refuser(refused: dict[int, str], limit: int) -> Callable[[int, int], None]:
+    """What translate calls for a text longer than the model's table of limit rows."""
+
+    def refuse(i: int, tokens: int) -> None:
+        refused[i] = (
+            f"{tokens} tokens, more than the model's positional table holds "
+            f"(max_len={limit}); shorten or split it"
+        )
+
+    return refuse
+
+
+def report_refused(refused: dict[int, str], total: int, kind: str) -> int:
+    """Name the inputs not translated on standard error; the exit status."""
+    for i in sorted(refused):  # numbered from 1, as an editor numbers lines
+        print(f"error: {kind} {i + 1}: {refused[i]}", file=sys.stderr)
+    if refused:
+        print(
+            f"error: {len(refused)} of {total} {kind}s not translated; their output "
+            "lines are empty.",
+            file=sys.stderr,
+        )
+    return 1 if refused else 0
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """The lines of data, split at newlines only, each without a final carriage return.
+
+    Unlike str.splitlines, a form feed, a separator such as 0x1C or U+2028 inside a
+    line does not end it, so the output lines stay aligned with the input lines. A
+    final newline ends the last line; it does not start an empty one.
+    """
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # after the final newline, or an empty input
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]

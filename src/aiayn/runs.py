@@ -9,6 +9,7 @@ Chapter 14 of the book, book/14_training_engine.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -18,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,18 +32,35 @@ from torch.utils.checkpoint import checkpoint
 from aiayn.batching import Batch, TokenBatchSampler
 from aiayn.decoder import DecoderLayer
 from aiayn.encoder import EncoderLayer
-from aiayn.model import read_checkpoint
+from aiayn.model import (
+    Transformer,
+    TransformerConfig,
+    checkpoint_dict,
+    read_checkpoint,
+    write_checkpoint,
+)
 from aiayn.optim import rate
 from aiayn.train import (
     FLUSH_EVERY,
+    SYNTHETIC_TRAIN_CONFIG,
+    Pairs,
     RunFolder,
+    SyntheticTask,
+    TrainConfig,
     Trainer,
     autocast_dtype,
+    average_checkpoints,
     differences,
+    encode_pairs,
+    exact_match,
+    make_loader,
+    synthetic_pairs,
+    synthetic_tokenizer,
     world,
 )
 
 __all__ = [
+    "Experiment",
     "NONFINITE_PATIENCE",
     "NonFiniteLoss",
     "REPEAT_GRACE_S",
@@ -50,15 +68,20 @@ __all__ = [
     "StopRequest",
     "TrainingInterrupted",
     "anyone_stops",
+    "average_run",
     "check_finite",
     "claim_folder",
     "data_fingerprint",
     "enable_grad_checkpointing",
+    "experiment_trainer",
     "init_distributed",
+    "last_validation",
     "rng_state",
+    "run_banner",
     "saved_activation_bytes",
     "set_rng_state",
     "stop_on_signals",
+    "synthetic_experiment",
 ]
 
 
@@ -558,3 +581,139 @@ def _check_distributed(device: torch.device) -> None:
             "DistributedDataParallel does not run on MPS; use --device cpu under "
             "torchrun."
         )
+
+
+# Chapter 14, "A run from a recipe"
+@dataclass
+class Experiment:
+    """What a run needs: model, tokenizer, data, training defaults (chapter 14).
+
+    options: the preset's settings that decide the model and the data, which a
+    resumed run must share; task: what its checkpoints say they are trained for
+    (chapter 13).
+    """
+
+    model_config: TransformerConfig
+    tokenizer: Any
+    train_pairs: Pairs
+    valid_pairs: Pairs
+    train_config: TrainConfig
+    max_tokens: int = 4096
+    # TokenBatchSampler's bucket_size: None sorts all, 1 mixes lengths
+    bucket_size: int | None = None
+    metric: Callable[[Any], float] | None = None
+    metric_name: str = "metric"
+    options: dict[str, Any] = field(default_factory=dict)
+    task: dict[str, Any] | None = None
+
+
+def synthetic_experiment(
+    name: str, task: SyntheticTask, device: torch.device
+) -> Experiment:
+    """Chapter 13's copy or reverse run: the tiny model, 400 steps (chapter 14)."""
+    tokenizer = synthetic_tokenizer(task.n_symbols)
+
+    def pairs(n: int, seed: int) -> Pairs:
+        strings = synthetic_pairs(name, n, task.n_symbols, 1, task.max_len, seed=seed)
+        return encode_pairs(tokenizer, strings)
+
+    train, valid = pairs(task.train_size, 1), pairs(task.valid_size, 2)
+    config = TransformerConfig.tiny(tokenizer.vocab_size, max_len=task.max_len + 1)
+    return Experiment(
+        config,
+        tokenizer,
+        train,
+        valid,
+        SYNTHETIC_TRAIN_CONFIG,
+        max_tokens=2048,
+        bucket_size=1,
+        metric=lambda model: exact_match(model, valid),
+        metric_name="exact match",
+        options=dataclasses.asdict(task),
+        task={"data": name},
+    )
+
+
+def experiment_trainer(
+    experiment: Experiment,
+    config: TrainConfig,
+    name: str,
+    max_tokens: int,
+    resume: Path | None,
+    device: torch.device,
+    world: tuple[int, int],
+) -> RunTrainer:
+    """A new RunTrainer for the experiment, or the resumed run's (chapter 14)."""
+    loader = make_loader(
+        experiment.train_pairs,
+        experiment.tokenizer,
+        max_tokens,
+        seed=config.seed,
+        bucket_size=experiment.bucket_size,
+        num_replicas=world[1],
+        rank=world[0],
+        pin_memory=device.type == "cuda",
+    )
+    valid = make_loader(
+        experiment.valid_pairs, experiment.tokenizer, max_tokens, shuffle=False
+    )
+    extra = dict(
+        metric=experiment.metric,
+        metric_name=experiment.metric_name,
+        log=print if world[0] == 0 else None,
+        run_info={
+            "preset": name,
+            "options": experiment.options,
+            "max_tokens": max_tokens,
+            "task": experiment.task,
+        },
+    )
+    if resume is not None:
+        return RunTrainer.resume(resume, loader, valid, config=config, **extra)
+    model = Transformer(experiment.model_config)
+    return RunTrainer(model, config, loader, valid, experiment.tokenizer, **extra)
+
+
+def run_banner(
+    trainer: RunTrainer,
+    name: str,
+    device: torch.device,
+    world: tuple[int, int],
+    steps: int,
+) -> str:
+    """The run's first line: preset, device, processes, parameters and steps."""
+    threads = (
+        f", {torch.get_num_threads()} CPU thread(s)" if device.type == "cpu" else ""
+    )
+    return (
+        f"training {name} on {device}{threads}"
+        + (f" x {world[1]} processes" if world[1] > 1 else "")
+        + f": {trainer.model.num_parameters():,} parameters,"
+        f" from step {trainer.step} to {steps}"
+    )
+
+
+def last_validation(history: dict[str, list[float]], metric_name: str) -> str:
+    """The end of a run's last line: its last validation loss and metric."""
+    if not history["valid_loss"]:
+        return ""
+    metric = history["metric"][-1]
+    return f"; valid loss {history['valid_loss'][-1]:.4f}" + (
+        "" if metric != metric else f", {metric_name} {metric:.4f}"
+    )  # metric != metric: NaN
+
+
+def average_run(
+    trainer: RunTrainer, experiment: Experiment, device: torch.device
+) -> None:
+    """Write the average of the run's snapshots to averaged.pt, and score it."""
+    snapshots = trainer.folder.snapshots()
+    if len(snapshots) < 2:
+        return
+    model, tokenizer = average_checkpoints(snapshots, map_location=device)
+    averaged = checkpoint_dict(model, tokenizer, task=trainer.run.get("task"))
+    path = write_checkpoint(averaged, trainer.folder.averaged)
+    line = f"average of the last {len(snapshots)} snapshots: {path}"
+    if experiment.metric is not None:
+        line += f", {experiment.metric_name} {experiment.metric(model):.4f}"
+    print(line)
