@@ -347,3 +347,173 @@ def test_the_defaults_build_the_papers_encoder() -> None:
     assert first.ffn.d_ff == 4 * 512 and first.ffn.activation == "relu"
     assert first.res_attn.dropout.p == first.res_ffn.dropout.p == 0.1
     assert not first.norm_first
+
+
+# --- claims of the source documents (chapter 7, "What the documents say") -----------
+
+
+class EncoderLayerAsInDoc002(nn.Module):
+    """Doc 002's encoder layer, reduced: separate Q/K/V maps, heads in the batch."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1):
+        super().__init__()
+        self.n_heads, self.d_k = n_heads, d_model // n_heads
+        self.Wq, self.Wk, self.Wv, self.Wo = (
+            nn.Linear(d_model, d_model) for _ in range(4)
+        )
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)  # one module, three places
+
+    def attention(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        b, n, _ = x.shape
+
+        def fold(t: torch.Tensor) -> torch.Tensor:  # [b, n, d] -> [b * h, n, d_k]
+            return t.view(b, n, self.n_heads, self.d_k).transpose(1, 2).flatten(0, 1)
+
+        q, k, v = fold(self.Wq(x)), fold(self.Wk(x)), fold(self.Wv(x))
+        scores = (q @ k.transpose(-2, -1)) * self.d_k**-0.5  # [b * h, n, n]
+        if mask is not None:  # documented as [batch, q_len, k_len], 1 = attend
+            per_head = mask.unsqueeze(1).repeat(1, self.n_heads, 1, 1)  # [b, h, n, n]
+            scores = scores.masked_fill(per_head.flatten(0, 1) == 0, float("-inf"))
+        context = torch.softmax(scores, dim=-1) @ v  # [b * h, n, d_k]
+        context = context.view(b, self.n_heads, n, self.d_k).transpose(1, 2)
+        return self.Wo(context.reshape(b, n, -1))  # [b, n, d]
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        x = self.norm1(x + self.dropout(self.attention(x, mask)))
+        hidden = self.dropout(torch.relu(self.fc1(x)))  # [b, n, d_ff]
+        return self.norm2(x + self.dropout(self.fc2(hidden)))
+
+
+def test_doc002_layer_is_ours_but_takes_three_axis_masks_only() -> None:
+    """doc002's layer computes ours; the 4-axis padding mask fails in its repeat."""
+    torch.manual_seed(0)
+    ours = perturb(EncoderLayer(D_MODEL, N_HEADS, D_FF)).eval()
+    doc = EncoderLayerAsInDoc002(D_MODEL, N_HEADS, D_FF).eval()
+    # in_proj splits into W_q, W_k, W_v; the other weights come in the same order
+    w, b = ours.self_attn.in_proj.weight.chunk(3), ours.self_attn.in_proj.bias.chunk(3)
+    values = [w[0], b[0], w[1], b[1], w[2], b[2], *list(ours.state_dict().values())[2:]]
+    doc.load_state_dict(dict(zip(doc.state_dict(), values)))
+    x = source()
+    with torch.no_grad():
+        torch.testing.assert_close(doc(x), ours(x), atol=1e-5, rtol=1e-5)
+        three_axes = PAD[:, 0]  # [batch, 1, src_len]
+        torch.testing.assert_close(
+            doc(x, three_axes), ours(x, PAD), atol=1e-5, rtol=1e-5
+        )
+        with pytest.raises(RuntimeError, match="repeat"):
+            doc(x, PAD)  # [batch, 1, 1, src_len]
+
+
+class EncoderLayerAsInDoc004(nn.Module):
+    """Doc 004's encoder layer: it builds on two classes the document never defines."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads)  # here: chapter 3's
+        self.norm1, self.dropout1 = nn.LayerNorm(d_model), nn.Dropout(dropout)
+        self.ffn = FeedForward(d_model, d_ff, dropout)  # noqa: F821 (defined nowhere)
+        self.norm2, self.dropout2 = nn.LayerNorm(d_model), nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        attended = self.self_attn(x, x, x, mask)  # query, key, value, mask -> output
+        x = self.norm1(x + self.dropout1(attended))
+        return self.norm2(x + self.dropout2(self.ffn(x)))
+
+
+class AttentionAsDoc004Calls(nn.Module):
+    """(query, key, value, mask) -> output only: the interface doc 004's layer calls."""
+
+    def __init__(self, attention: MultiHeadAttention) -> None:
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, query, key, value, mask=None) -> torch.Tensor:
+        return self.attention(query, key_value=value, mask=mask)[0]  # key is value
+
+
+def test_doc004_layer_builds_on_classes_it_never_defines(monkeypatch) -> None:
+    """doc004's layer stops at FeedForward; completed, it is our post-norm layer."""
+    with pytest.raises(NameError, match="name 'FeedForward' is not defined"):
+        EncoderLayerAsInDoc004(D_MODEL, N_HEADS, D_FF, 0.1)
+    monkeypatch.setitem(globals(), "FeedForward", PositionwiseFeedForward)
+    doc = EncoderLayerAsInDoc004(D_MODEL, N_HEADS, D_FF, 0.1).eval()
+    x = source()
+    with pytest.raises(ValueError, match="mask must be"):  # x arrives as the mask
+        doc(x, PAD)
+    torch.manual_seed(0)
+    ours = perturb(EncoderLayer(D_MODEL, N_HEADS, D_FF)).eval()
+    doc.self_attn, doc.ffn = AttentionAsDoc004Calls(ours.self_attn), ours.ffn
+    doc.norm1.load_state_dict(ours.res_attn.norm.state_dict())
+    doc.norm2.load_state_dict(ours.res_ffn.norm.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(doc(x, PAD), ours(x, PAD), atol=1e-5, rtol=1e-5)
+
+
+class EncoderBlockAsInDoc003(nn.Module):
+    """Doc 003's encoder block, reduced: packed Q/K/V, Sequential FFN, no mask."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1):
+        super().__init__()
+        # nn.Linear keeps its bias by default, and the document does not switch it off
+        self.W_qkv = nn.Linear(d_model, 3 * d_model)
+        self.W_o = nn.Linear(d_model, d_model)
+        expand, shrink = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.ffn = nn.Sequential(expand, nn.ReLU(), nn.Dropout(dropout), shrink)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.n_heads, self.dropout = n_heads, nn.Dropout(dropout)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        qkv = self.W_qkv(x).view(b, n, 3, self.n_heads, d // self.n_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x [b, h, n, d_k]
+        weights = torch.softmax(q @ k.transpose(-2, -1) * q.size(-1) ** -0.5, dim=-1)
+        return self.W_o((weights @ v).transpose(1, 2).reshape(b, n, d))  # [b, n, d]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # no mask: padding is attended
+        x = self.norm1(x + self.dropout(self.attention(x)))
+        return self.norm2(x + self.dropout(self.ffn(x)))
+
+
+def test_doc003_block_table_misses_the_attention_biases() -> None:
+    """doc003's rows are right but sum to 3,150,336; its block has 3,152,384."""
+
+    def count(module: nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    base = EncoderLayer(512, 8, 2048)
+    params = dict(base.named_parameters())
+    doc003_rows = [  # the document's table: its count, our parameters of that row
+        (786_432, ["self_attn.in_proj.weight"]),  # W^Q, W^K, W^V
+        (262_144, ["self_attn.out_proj.weight"]),  # W^O
+        (1_048_576, ["ffn.w_1.weight"]),
+        (1_048_576, ["ffn.w_2.weight"]),
+        (2_560, ["ffn.w_1.bias", "ffn.w_2.bias"]),
+        (1_024, ["res_attn.norm.weight", "res_attn.norm.bias"]),
+        (1_024, ["res_ffn.norm.weight", "res_ffn.norm.bias"]),
+    ]
+    for claimed, names in doc003_rows:
+        assert sum(params[name].numel() for name in names) == claimed
+    table = sum(claimed for claimed, _ in doc003_rows)
+    missing = sum(params[f"self_attn.{n}_proj.bias"].numel() for n in ("in", "out"))
+    assert table == 3_150_336 and missing == 4 * 512 == 2_048
+    block = EncoderBlockAsInDoc003(512, 8, 2048)
+    assert count(block) == count(base) == table + missing == 3_152_384
+    assert table == count(base.self_attn) + count(base.ffn)  # LayerNorms: 2 * 1,024
+    assert (6 * count(base), 6 * table) == (18_914_304, 18_902_016)
+    assert round(count(base) / 1e6, 2) == round(table / 1e6, 2) == 3.15
+    assert round(6 * count(base) / 1e6, 1) == round(6 * table / 1e6, 1) == 18.9
+    assert round(count(base.ffn) / count(base), 2) == round(2 / 3, 2)  # two thirds
+
+
+def test_doc003_block_computes_our_layer() -> None:
+    """With our weights copied in, doc003's block computes our post-norm layer."""
+    torch.manual_seed(0)
+    ours = perturb(EncoderLayer(D_MODEL, N_HEADS, D_FF)).eval()
+    block = EncoderBlockAsInDoc003(D_MODEL, N_HEADS, D_FF).eval()
+    # the block registers its weights in the order of this chapter's layer
+    block.load_state_dict(dict(zip(block.state_dict(), ours.state_dict().values())))
+    x = source()
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), ours(x), atol=1e-5, rtol=1e-5)

@@ -11,7 +11,7 @@ check it, *derive* a number, *debug* a planted fault, *extend* a component, or
 *extend*: it asks for code. Each exercise is followed by its worked solution, one or
 more code cells folded in the HTML (`hide-cell`, behind a button that says "Show the
 solution") that nbval executes like every other cell; every solution asserts what it
-claims, and exports nothing. Folded cells do not count as reading time
+claims, and exports nothing. The solutions do not count as reading time
 (tests/test_style.py); the exercises' prose does.
 """
 

@@ -76,6 +76,27 @@ def test_every_module_imports_only_earlier_chapters() -> None:
     assert not later
 
 
+def test_no_chapter_reads_a_later_chapter() -> None:
+    """The chapters' cells, too, import only earlier chapters' modules (and their own).
+
+    A reader meets the chapters in order: a cell of chapter 10 that used chapter 17's
+    recorder would lean on code the reader has not seen.
+    """
+    import re
+
+    import jupytext
+
+    ahead = []
+    for chapter, path in zip(CHAPTERS, export.chapter_paths()):
+        for cell in jupytext.read(path).cells:
+            if cell.cell_type != "code":
+                continue
+            for name in re.findall(r"(?:from|import) aiayn\.(\w+)", cell.source):
+                if CHAPTER_OF.get(name, 0) > int(chapter.number):
+                    ahead.append(f"{path.stem} imports aiayn.{name}")
+    assert not ahead, ahead
+
+
 def test_the_command_line_is_on_top_and_imported_by_no_module() -> None:
     top = max(CHAPTER_OF, key=CHAPTER_OF.get)
     assert top == "cli"

@@ -296,3 +296,67 @@ def test_a_plain_tensor_table_breaks_half_precision_where_a_buffer_does_not() ->
         SinusoidalPositionalEncoding(16, 100), torch.nn.Linear(16, 8)
     ).to(torch.bfloat16)
     assert buffered(emb).dtype == torch.bfloat16
+
+
+def test_doc004_worked_example_is_right_but_for_cos_0_02() -> None:
+    """doc004's d_model = 4 example: only PE(2, 3) = cos(0.02) = 0.99980 is off."""
+    claimed = torch.tensor(  # the document's vectors for positions 0, 1, 2
+        [
+            [0.000, 1.000, 0.000, 1.000],
+            [0.841, 0.540, 0.010, 1.000],
+            [0.909, -0.416, 0.020, 0.999],
+        ],
+        dtype=torch.float64,
+    )
+    table = sinusoidal_table(3, 4, dtype=torch.float64).round(decimals=3)
+    assert ((table - claimed).abs() > 1e-9).nonzero().tolist() == [[2, 3]]
+    assert f"{math.cos(0.02):.5f}" == "0.99980" and table[2, 3].item() == 1.0
+
+
+def test_doc002_frequencies_without_the_minus_sign_alias() -> None:
+    """doc002's 10000^(+2i/d): 28 of 32 pairs above pi, neighbours 0.096 apart."""
+    two_i = torch.arange(0, 64, 2, dtype=torch.float64)  # [32]
+    pos = torch.arange(128, dtype=torch.float64)[:, None]  # [128, 1]
+    tables, factors = {}, {}
+    for name, sign in (("paper", -1), ("doc002", 1)):
+        factors[name] = torch.exp(sign * math.log(10000.0) * two_i / 64)  # [32]
+        angles = pos * factors[name]  # [128, 32]
+        tables[name] = torch.stack((angles.sin(), angles.cos()), -1).flatten(-2)
+    paper = sinusoidal_table(128, 64, dtype=torch.float64)  # [128, 64]
+    assert torch.allclose(tables["paper"], paper)
+    assert round(factors["doc002"].max().item()) == 7499
+    assert int((factors["doc002"] > math.pi).sum()) == 28
+
+    def neighbours(table: torch.Tensor) -> float:
+        unit = table / table.norm(dim=-1, keepdim=True)  # [128, 64]
+        return round((unit[:-1] * unit[1:]).sum(-1).mean().item(), 3)
+
+    assert neighbours(tables["paper"]) == 0.966
+    assert neighbours(tables["doc002"]) == 0.096
+
+
+def test_doc001_base_1000_shrinks_the_longest_wavelength() -> None:
+    """doc001's 1000 for 10000: the longest wavelength 6,116 positions, not 60,611."""
+    paper = sinusoidal_table(100, 512, dtype=torch.float64)
+    with_1000 = sinusoidal_table(100, 512, base=1000.0, dtype=torch.float64)
+    assert not torch.allclose(with_1000, paper)
+    for table, longest in ((paper, 60_611), (with_1000, 6_116)):
+        omega = math.atan2(table[1, -2], table[1, -1])  # the last pair's angle at 1
+        assert round(2 * math.pi / omega) == longest
+
+
+def test_doc001_no_offset_is_closer_than_a_neighbour() -> None:
+    """doc001's 62,832 is no limit: up to 100,000, neighbours are the nearest pair."""
+    two_i = torch.arange(0, 512, 2, dtype=torch.float64)  # [256]
+    omega = torch.exp(-math.log(10000.0) * two_i / 512)  # [256]
+    # ||PE(p) - PE(p + k)||^2 = d_model - 2 sum_i cos(w_i k), 10,000 offsets at a time
+    distance = torch.cat(
+        [
+            (512 - 2 * torch.cos(ks[:, None] * omega).sum(-1)).sqrt()
+            for ks in torch.arange(1, 100_001, dtype=torch.float64).split(10_000)
+        ]
+    )  # [100000]
+    table = sinusoidal_table(2, 512, dtype=torch.float64)
+    assert math.isclose(distance[0], (table[1] - table[0]).norm(), rel_tol=1e-12)
+    assert distance.argmin().item() == 0 and round(distance[0].item(), 2) == 3.71
+    assert round(distance[62_831].item(), 1) == 23.4

@@ -2,8 +2,10 @@
 
 Each chapter's exported code arrives in cells of at most 100 lines (the median at
 most 30), its code and printed outputs fit in 88 columns, its prose is at most about
-4,500 words, each chapter reads in one sitting (at most 90 minutes) and the book in
-at most 20 hours, and the package's bookkeeping (`__all__`) is generated, never
+4,500 words, each chapter reads in one sitting (at most 90 minutes of what the HTML
+shows, at most 100 with the folded code too) and the book in at most 20 hours (24 with
+the folded code, of which at most 1,500 lines are folded checks), and the package's
+bookkeeping (`__all__`) is generated, never
 written by hand. The formatter and linter are ruff, configured in pyproject.toml.
 """
 

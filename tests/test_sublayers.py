@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aiayn.attention import scaled_dot_product_attention
+from aiayn.multi_head import MultiHeadAttention
 from aiayn.sublayers import ACTIVATIONS, PositionwiseFeedForward, Residual
 
 
@@ -330,3 +332,47 @@ def test_layer_norm_does_not_leak_later_positions() -> None:
     res = Residual(8)
     delta = res(changed, torch.zeros_like) - res(x, torch.zeros_like)
     assert (delta[0, :4] == 0).all() and (delta[1] == 0).all()
+
+
+# --- claims of the source documents (chapter 6, "What the documents say") -----------
+
+
+def test_doc004_attention_not_linear() -> None:
+    """Attention, the FFN and LayerNorm are not linear; attention is linear in V."""
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(16, 2, bias=False)  # nothing affine to blame
+    ffn = PositionwiseFeedForward(16, 64)
+    nn.init.zeros_(ffn.w_1.bias)
+    nn.init.zeros_(ffn.w_2.bias)
+    sublayers = {  # name -> (f, whether f(2x) = 2f(x))
+        "self-attention": (lambda t: attention(t)[0], False),  # 4x the scores
+        "feed-forward": (ffn, True),  # ReLU respects positive scaling, not sums
+        "LayerNorm": (nn.LayerNorm(16), False),
+    }
+    x, y = randn(2, 1, 6, 16)  # two inputs [1, seq, d_model]
+    with torch.no_grad():
+        for f, homogeneous in sublayers.values():
+            assert not torch.allclose(f(2 * x + 3 * y), 2 * f(x) + 3 * f(y), atol=1e-4)
+            assert torch.allclose(f(2 * x), 2 * f(x), atol=1e-4) == homogeneous
+    q, k, v_1, v_2 = randn(4, 1, 6, 16, seed=1)  # fixed queries and keys: fixed weights
+
+    def attend(v: torch.Tensor) -> torch.Tensor:
+        return scaled_dot_product_attention(q, k, v)[0]
+
+    torch.testing.assert_close(
+        attend(2 * v_1 + 3 * v_2), 2 * attend(v_1) + 3 * attend(v_2), atol=1e-5, rtol=0
+    )
+
+
+def test_doc003_batch_norm_at_inference() -> None:
+    """In evaluation mode BatchNorm normalizes one token; only training mode fails."""
+    batch_norm, layer_norm = nn.BatchNorm1d(8), nn.LayerNorm(8)
+    batch_norm(randn(4, 8, 5))  # a training batch updates the running statistics
+    one_token = randn(1, 8, 1, seed=1)  # [batch=1, d, seq=1]
+    batch_norm.eval()
+    assert torch.isfinite(batch_norm(one_token)).all()
+    batch_norm.train()
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        batch_norm(one_token)
+    token = one_token.transpose(1, 2)  # [1, 1, d]
+    assert torch.equal(layer_norm.train()(token), layer_norm.eval()(token))

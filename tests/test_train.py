@@ -832,3 +832,73 @@ def test_the_first_signal_is_answered_at_once_a_second_under_torchrun_keeps_the_
         "SIGTERM: the run stops after this update and saves a checkpoint; "
         "send it again to stop without saving"
     ]
+
+
+# --- what the documents say: the cost of training (chapter 13) ------------------------
+
+P100_FLOPS = 9.5e12  # sustained FLOPs per second of one P100 (the paper, Table 2)
+TABLE2 = {  # the paper's Table 2: BLEU EN-DE, BLEU EN-FR, training FLOPs EN-DE, EN-FR
+    "Deep-Att + PosUnk": (None, 39.2, None, 1.0e20),
+    "GNMT + RL": (24.6, 39.92, 2.3e19, 1.4e20),
+    "ConvS2S": (25.16, 40.46, 9.6e18, 1.5e20),
+    "MoE": (26.03, 40.56, 2.0e19, 1.2e20),
+    "GNMT + RL Ensemble": (26.30, 41.16, 1.8e20, 1.1e21),
+    "Transformer (base)": (27.3, 38.1, 3.3e18, 3.3e18),
+    "Transformer (big)": (28.4, 41.8, 2.3e19, 2.3e19),
+}
+DOC003 = {  # doc003's copy: BLEU EN-DE, BLEU EN-FR, one "Training Cost (FLOPs)"
+    "Deep-Att + PosUnk": (None, 39.2, 1.0e20),
+    "GNMT + RL": (26.30, 39.92, 2.3e19),
+    "ConvS2S": (25.16, 40.46, 1.5e20),
+    "Transformer (base)": (27.3, 38.1, 3.3e18),
+}
+
+
+def test_table2_costs_are_hours_times_8_p100s():
+    """12 hours and 3.5 days x 8 GPUs x 9.5 TFLOPS: 3.28e18 and 2.30e19, as rounded."""
+    for name, hours, estimate in (("base", 12, "3.28e+18"), ("big", 84, "2.30e+19")):
+        flops = hours * 3600 * 8 * P100_FLOPS
+        assert f"{flops:.2e}" == estimate
+        assert f"{flops:.1e}" == f"{TABLE2[f'Transformer ({name})'][2]:.1e}"
+
+
+def test_base_model_arithmetic_is_29_percent_of_table2():
+    """6 FLOPs per parameter and token, 25,000 tokens a side: 9.46e17 in 100k steps."""
+    with torch.device("meta"):  # shapes only, no memory
+        base = Transformer(TransformerConfig.base())
+    encoder = sum(p.numel() for p in base.encoder.parameters())
+    decoder = sum(p.numel() for p in base.decoder.parameters())
+    decoder += base.head.weight.numel()  # the output matrix sees the target tokens
+    assert (encoder, decoder) == (18_914_304, 44_168_192)
+    per_step = 6 * (encoder * 25_000 + decoder * 25_000)
+    assert f"{per_step:.2e}" == "9.46e+12"
+    assert f"{per_step * 100_000:.2e}" == "9.46e+17"
+    assert f"{per_step * 100_000 / TABLE2['Transformer (base)'][2]:.0%}" == "29%"
+
+
+def test_doc003_cost_column_mixes_language_pairs():
+    """doc003 takes costs from both columns, and GNMT + RL's EN-DE BLEU (26.30) from
+    the ensemble; within one language pair the paper's comparison stands."""
+    pairs = {
+        name: [
+            lang for lang, v in zip(("EN-DE", "EN-FR"), TABLE2[name][2:]) if v == cost
+        ]
+        for name, (_, _, cost) in DOC003.items()
+    }
+    assert pairs == {
+        "Deep-Att + PosUnk": ["EN-FR"],
+        "GNMT + RL": ["EN-DE"],  # 2.3e19
+        "ConvS2S": ["EN-FR"],  # 1.5e20; its EN-DE cost is 9.6e18
+        "Transformer (base)": ["EN-DE", "EN-FR"],
+    }
+    bleu = {
+        name: row[:2] for name, row in DOC003.items() if row[:2] != TABLE2[name][:2]
+    }
+    assert bleu == {"GNMT + RL": (26.30, 39.92)}
+    assert TABLE2["GNMT + RL Ensemble"][0] == 26.30 and TABLE2["GNMT + RL"][0] == 24.6
+    singles = [n for n in TABLE2 if "Ensemble" not in n and "Transformer" not in n]
+    best = max(singles, key=lambda n: TABLE2[n][1])  # by EN-FR BLEU
+    assert best == "MoE" and TABLE2[best][3] == 1.2e20
+    assert TABLE2["Transformer (big)"][3] < TABLE2[best][3] / 4  # EN-FR: under 1/4
+    third = TABLE2["Transformer (base)"][2] / TABLE2["ConvS2S"][2]  # EN-DE
+    assert abs(third - 1 / 3) < 0.02

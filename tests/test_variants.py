@@ -397,6 +397,28 @@ def test_gpt3_sizes_give_175_billion_parameters_by_the_formula() -> None:
     assert round(n_params(gpt3) / 1e9) == 175
 
 
+def test_doc003_gpt3_is_about_820_times_the_big_model() -> None:
+    """doc003's "nearly 1000x" the big model (213M): about 820; the base (65M) 2,700."""
+    d = 12288
+    with torch.device("meta"):
+        gpt3 = n_params(DecoderOnlyLM(50257, 2048, 96, d, 96, 4 * d))
+    assert round(gpt3 / 213e6, -1) == 820
+    assert round(gpt3 / 65e6, -2) == 2700
+
+
+def test_doc003_prompt_tokens_do_not_see_later_prompt_tokens() -> None:
+    """doc003's prompt that acts like an encoder: under the causal mask it does not."""
+    x = tokens(batch=1, seq=10, low=1)
+    changed = x.clone()
+    changed[0, 3] = 1 + x[0, 3] % (V - 1)  # the last token of a prompt of 4
+    lm, bert = small_lm(), small_encoder()
+    with torch.no_grad():
+        lm_moved = (lm(changed) - lm(x))[0, :3].abs().amax()
+        bert_moved = (bert.encode(changed) - bert.encode(x))[0, :3].abs().amax(-1)
+    assert lm_moved < 1e-6  # prompt tokens 0..2 do not see prompt token 3
+    assert (bert_moved > 1e-4).all()  # an encoder's do
+
+
 # --------------------------------------------------------------------- training
 
 

@@ -32,6 +32,8 @@ from aiayn.variants import draw
 __all__ = [
     "ALPHA",
     "BEAM_SIZE",
+    "BeamRules",
+    "CTRANSLATE2_RULES",
     "DECODING_METHODS",
     "DecodeResult",
     "DecodingConfig",
@@ -39,6 +41,7 @@ __all__ = [
     "MAX_LEN_MARGIN",
     "MAX_TEMPERATURE",
     "MIN_TEMPERATURE",
+    "RULES",
     "STOP_CHECK_EVERY",
     "beam_search",
     "decoding_config",
@@ -313,6 +316,36 @@ def _check_alpha(alpha: float) -> None:
         )
 
 
+@dataclass(frozen=True)
+class BeamRules:
+    """How beam search scores hypotheses and when it stops (chapter 15).
+
+    The defaults are the book's. penalty: "gnmt", length_penalty's, or "power",
+    |Y| ** alpha; count_end: whether the end token counts in |Y|; stop: "beaten",
+    once k are finished and the best live hypothesis beats none of them, or
+    "full", once k are finished.
+    """
+
+    penalty: str = setting("gnmt", "the length penalty", choices=("gnmt", "power"))
+    count_end: bool = setting(True, "whether the end token counts in |Y|")
+    stop: str = setting("beaten", "when a sentence is done", choices=("beaten", "full"))
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+    def divisor(self, length: int, ended: bool, alpha: float) -> float:
+        """What log P is divided by, for a hypothesis of length tokens."""
+        if ended and not self.count_end:
+            length -= 1
+        if self.penalty == "gnmt":
+            return length_penalty(length, alpha)
+        return float(length) ** alpha
+
+
+RULES = BeamRules()  # the book's
+CTRANSLATE2_RULES = BeamRules("power", count_end=False, stop="full")  # chapter 19
+
+
 # Chapter 15, "All sentences, all beams, one batch"
 def _no_hypotheses(src: Tensor, k: int, T: int, pad_id: int) -> tuple:
     """Empty finished sets: k places of T tokens for each sentence of src."""
@@ -426,6 +459,7 @@ def _beam_search_loop(
     alpha: float,
     min_len: int,
     use_cache: bool,
+    rules: BeamRules,
 ) -> tuple:
     """The finished sets (tokens [B, k, T], log_probs, scores, lengths, finished)."""
     c, B, T = model.config, src.size(0), int(limits.max())
@@ -439,8 +473,8 @@ def _beam_search_loop(
         logits = _step_logits(model, alive, memory, src_mask, cache)  # [B * n_live, V]
         log_p = _allowed(logits.log_softmax(-1), model, t - 1, min_len)
         candidates = _candidates(alive_log_probs, log_p, k)  # 3 x [B, 2k]
-        lp = length_penalty(t, alpha)
-        finished = _finish_ended(finished, alive, candidates, t, lp, done, c)
+        lp, lp_end = (rules.divisor(t, ended, alpha) for ended in (False, True))
+        finished = _finish_ended(finished, alive, candidates, t, lp_end, done, c)
         first = alive_log_probs.size(1) == 1
         alive, alive_log_probs, index = _next_beam(alive, candidates, k, c.eos_id)
         if cache is not None:
@@ -454,9 +488,10 @@ def _beam_search_loop(
         finished = _finish_at_limit(
             finished, alive, alive_log_probs, t, lp, at_limit, c.pad_id
         )
-        # 4. Early stop: k finished, and the best live one beats none of them now.
+        # 4. Early stop: k finished, and the best live one beats none of them now
+        # (or, by the rule "full", whatever the live ones could still do).
         worst = finished[2][:, -1]  # [B]; -inf while fewer than k are finished
-        beaten = alive_log_probs[:, 0] / lp <= worst  # [B]
+        beaten = (alive_log_probs[:, 0] / lp <= worst) | (rules.stop == "full")
         done |= at_limit | ((worst > float("-inf")) & beaten)
         if t % every == 0 and bool(done.all()):
             break
@@ -472,6 +507,7 @@ def beam_search(
     min_len: int = 0,
     n_best: int | None = None,
     use_cache: bool = True,
+    rules: BeamRules | None = None,
 ) -> DecodeResult:
     """Beam search ranked by log P(Y|X) / lp(Y), GNMT's length penalty (chapter 15).
 
@@ -489,15 +525,18 @@ def beam_search(
             ALPHA); 0 ranks by log P.
         n_best: None returns the best hypothesis of each sentence; an int returns
             the n_best best, tokens [batch, n_best, length], best first.
+        rules: BeamRules (default: the book's); CTRANSLATE2_RULES are that
+            engine's.
 
     Returns:
-        A DecodeResult whose scores are log_probs / length_penalty(lengths, alpha).
+        A DecodeResult whose scores are log_probs / length_penalty(lengths, alpha),
+        or the divisor of the rules given.
     """
     _check_beam_options(model, beam_size, alpha, n_best)
     limits = _limits(model, src, max_len, min_len)  # [batch]
     with eval_mode(model), torch.no_grad():  # no dropout while decoding
         finished = _beam_search_loop(
-            model, src, limits, beam_size, alpha, min_len, use_cache
+            model, src, limits, beam_size, alpha, min_len, use_cache, rules or RULES
         )
     chosen = [x[:, 0] if n_best is None else x[:, :n_best] for x in finished]
     tokens, log_probs, scores, lengths, ended = chosen

@@ -867,60 +867,27 @@ def save_pretrained(
 
 PRETRAINED_REPOSITORY = "https://raw.githubusercontent.com/literate-transformer/aiayn"
 PRETRAINED_COMMIT = {  # name -> a commit whose results/NAME holds the files below
-    "multi30k-de-en": "b57a6901b0380679efefc6e0fc807222acb5c79e",
-    "multi30k-en-de": "291dfb4f59f36bdefd624f4cfdc6457fb66c43d2",
+    "multi30k-de-en": "cd5862b39ea5c685e040c6b2c74185cbb2090daa",
+    "multi30k-en-de": "cd5862b39ea5c685e040c6b2c74185cbb2090daa",
 }
 PRETRAINED_ENV = "AIAYN_PRETRAINED_URL"  # a URL holding NAME/FILE, used instead
-PRETRAINED = {  # name -> {file -> its SHA-256 digest}, the files of results/NAME
+PRETRAINED = {  # name -> {file -> its SHA-256}: the model, its tokenizer, SHA256SUMS
     "multi30k-de-en": {
         "model.pt": "05e4ccc066764da5f97de07b02abb6a28e6b045316000a101848f14b39055944",
-        "scores.json": (
-            "0823e2c972730aa0e445c70e9360cf74be5c79a4ae6bc6325133f391fdf333e7"
-        ),
         "tokenizer.json": (
             "d7eea69167a17244dbcc4c10a5b9f1ead6a1970c8a8def5e35efc0244ab6533f"
         ),
-        "previous/scores.json": (
-            "7cf90456ada5d242d0fa4cb40db2d35484cfcad3912d686da34ed4195dee19a6"
-        ),
-        "runs/study-de-en-dropout03-12k.log": (
-            "3ce84c24aab71ee7e7f403e2b92ca92cc8e622c37787f6e0405159d061c8c272"
-        ),
-        "runs/study-de-en-dropout03-12k.metrics.jsonl.gz": (
-            "828df59f17e9f2fb91aa58f8f80dc013e6e113772e96c84865140f3c0b87c84e"
-        ),
-        "runs/study-de-en-dropout03-16k.log": (
-            "887179d2bcf2eac0bfe4daaf97411fc6c2227457078fecb8bd08203f860e5a83"
-        ),
-        "runs/study-de-en-dropout03-16k.metrics.jsonl.gz": (
-            "d6a410edafc9cac934804f9bcb99afcf4055679544902e8660b1dd3f3ec2cb38"
-        ),
-        "previous/runs/long-dropout01.log": (
-            "2f6207ef7982e4216dc67a4b737595c90599c150847c8348db4ef757d0b0a23e"
-        ),
-        "previous/runs/long-dropout01.metrics.jsonl.gz": (
-            "1c254903f050504f6cf7ff69ac2232bd71fa0acb3521662e4718866bc4d0f02f"
-        ),
-        "previous/runs/long-dropout03.log": (
-            "3c6d30706c8d0fab889ca05c1dd8cc3f8db1b87d791b342b61c83c3044dfb3a1"
-        ),
-        "previous/runs/long-dropout03.metrics.jsonl.gz": (
-            "cca8d29c86eeb4e96ba7ae3f43a87b94697c53cf2165184baa9a3290a69051d0"
+        "SHA256SUMS": (
+            "e52e3b079971293a74c77d91fc99e12050fa630f859db4b293ee5f1c9a1fe13f"
         ),
     },
     "multi30k-en-de": {
         "model.pt": "f8f25a37ea25cd3f37b2b22b2e422b5fe08327469a8ab6c3029b697c5cdd64b9",
-        "scores.json": (
-            "dace5d0cfbc720e77bfbdd64f67a0f4c1e0c9a8307c6301bd312dced29d48ec4"
-        ),
         "tokenizer.json": (
             "d7eea69167a17244dbcc4c10a5b9f1ead6a1970c8a8def5e35efc0244ab6533f"
         ),
-        "runs/en-de-long-dropout01.log": (
-            "d8d95e9415c17075f90420b2c7f33e7389813499b6b01bade84e1c6350a74954"
-        ),
-        "runs/en-de-long-dropout01.metrics.jsonl.gz": (
-            "84e7befef1009fb1e2e663ddfac36ba2bb04003cecbe3d1f6b9125cf1d727695"
+        "SHA256SUMS": (
+            "527fe09754b7c95e08ac1572752b175c903303976595bc81382b310c5f573251"
         ),
     },
 }
@@ -951,11 +918,7 @@ def pretrained_file(
         raise ValueError(
             f"no shipped model is called {name!r}; the models are {list(PRETRAINED)}."
         )
-    if file not in PRETRAINED[name]:
-        raise ValueError(
-            f"{name} has no file {file!r}; it has {list(PRETRAINED[name])}."
-        )
-    digest = PRETRAINED[name][file]
+    digest = PRETRAINED[name].get(file) or _recorded_digest(name, file, base_url)
     checkout = Path(importlib.util.find_spec("aiayn").origin).parents[2]
     cached = cache_dir() / "pretrained" / name / file
     for path in (checkout / "results" / name / file, cached):
@@ -981,6 +944,18 @@ def pretrained_file(
             f"one), and a fresh copy cannot be fetched: {err}"
         ) from err
     return cached
+
+
+def _recorded_digest(name: str, file: str, base_url: str | None) -> str:
+    """The digest of a record of a shipped model, read from its SHA256SUMS."""
+    sums = {}
+    if "SHA256SUMS" in PRETRAINED[name]:  # a file pinned like the model
+        text = pretrained_file(name, "SHA256SUMS", base_url).read_text()
+        sums = dict(reversed(line.split("  ", 1)) for line in text.splitlines())
+    if file not in sums:
+        files = [*PRETRAINED[name], *sums]
+        raise ValueError(f"{name} has no file {file!r}; it has {files}.")
+    return sums[file]
 
 
 def pretrained_url(name: str, file: str = "model.pt") -> str:
