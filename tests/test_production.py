@@ -28,7 +28,12 @@ from transformers import (  # noqa: E402
 
 from aiayn import Transformer, TransformerConfig  # noqa: E402
 from aiayn.cli import export_main  # noqa: E402
-from aiayn.decoding import beam_search, greedy_search, translate  # noqa: E402
+from aiayn.decoding import (  # noqa: E402
+    CTRANSLATE2_RULES,
+    beam_search,
+    greedy_search,
+    translate,
+)
 from aiayn.multi30k import load_multi30k, pretrained  # noqa: E402
 from aiayn.production import (  # noqa: E402
     CTranslate2Model,
@@ -414,6 +419,42 @@ def test_converted_models_export_to_ctranslate2_exactly(
     theirs = [[int(t[1:]) for t in r.hypotheses[0]] for r in results]
     ours = [row[: int(n)] for row, n in zip(mine.tokens.tolist(), mine.lengths)]
     assert theirs == ours
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_beam_search_with_ctranslate2s_rules_decodes_as_ctranslate2(
+    family: str, tmp_path: Path
+) -> None:
+    """BeamRules names what CTranslate2 does: with its rules, the same beams."""
+    import ctranslate2
+
+    torch.manual_seed(1)
+    hf = ended_often(FAMILIES[family](SIZES[1], std=0.3).eval())
+    model = from_huggingface(hf)
+    c = model.config
+    export_ctranslate2(model, Strings(), tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"))
+    src = padded_batch(c)[0]
+    sources = [[f"t{i}" for i in row if i != c.pad_id] for row in src.tolist()]
+    banned = json.loads((tmp_path / "ct2" / "aiayn_export.json").read_text())
+    results = translator.translate_batch(
+        sources,
+        beam_size=4,
+        length_penalty=0.6,
+        max_decoding_length=12,
+        min_decoding_length=0,
+        suppress_sequences=[banned["suppress_tokens"]],
+    )
+    theirs = [[int(t[1:]) for t in r.hypotheses[0]] for r in results]
+
+    def ours(rules: Any) -> list[list[int]]:
+        out = beam_search(model, src, 4, 0.6, max_len=12, rules=rules)
+        return [
+            row[: int(n) - int(ended)]  # without the end token, as CTranslate2's
+            for row, n, ended in zip(out.tokens.tolist(), out.lengths, out.finished)
+        ]
+
+    assert ours(CTRANSLATE2_RULES) == theirs
 
 
 @pytest.fixture(scope="module")

@@ -339,7 +339,7 @@ class BeamRules:
             length -= 1
         if self.penalty == "gnmt":
             return length_penalty(length, alpha)
-        return float(length) ** alpha
+        return float(max(length, 1)) ** alpha  # an empty output is divided by 1
 
 
 RULES = BeamRules()  # the book's
