@@ -156,6 +156,29 @@ def test_beam_scores_match_teacher_forcing_and_are_sorted() -> None:
     assert torch.equal(best.scores, out.scores[:, 0])
 
 
+def test_beam_rules_score_as_they_say_and_refuse_what_they_do_not_know() -> None:
+    """|Y| ** alpha without the end token (an empty output: 1); the stop: k finished."""
+    from aiayn.decoding import CTRANSLATE2_RULES, BeamRules
+
+    model = tiny(3)
+    out = beam_search(model, SRC, 3, 0.6, 8, n_best=3, rules=CTRANSLATE2_RULES)
+    words = (out.lengths - out.finished.long()).clamp_min(1)  # |Y|, no end token
+    assert torch.allclose(out.scores, out.log_probs / words.float() ** 0.6)
+    assert bool((out.scores[:, :-1] >= out.scores[:, 1:]).all())
+    book = beam_search(model, SRC, 3, 0.6, 8, n_best=3, rules=BeamRules())
+    assert torch.equal(book.scores, beam_search(model, SRC, 3, 0.6, 8, n_best=3).scores)
+    full = BeamRules(stop="full")  # never later than the book's stop: as good or worse
+    assert bool(
+        (
+            beam_search(model, SRC, 3, 0.6, 8, rules=full).scores
+            <= book.scores[:, 0] + 1e-6
+        ).all()
+    )
+    for bad in ({"penalty": "linear"}, {"stop": "never"}, {"count_end": "yes"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            BeamRules(**bad)
+
+
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_each_sentence_stops_at_its_end_token(use_cache: bool) -> None:
     ends = torch.tensor([3, 7, 1])
