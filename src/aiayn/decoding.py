@@ -321,13 +321,13 @@ class BeamRules:
     """How beam search scores hypotheses and when it stops (chapter 15).
 
     The defaults are the book's. penalty: "gnmt", length_penalty's, or "power",
-    |Y| ** alpha; count_end: whether the end token counts in |Y|; stop: "beaten",
-    once k are finished and the best live hypothesis beats none of them, or
-    "full", once k are finished.
+    the length to the power alpha; count_end: whether the end token counts in the
+    length; stop: "beaten", once k are finished and the best live hypothesis beats
+    none of them, or "full", once k are finished.
     """
 
     penalty: str = setting("gnmt", "the length penalty", choices=("gnmt", "power"))
-    count_end: bool = setting(True, "whether the end token counts in |Y|")
+    count_end: bool = setting(True, "whether the end token counts in the length")
     stop: str = setting("beaten", "when a sentence is done", choices=("beaten", "full"))
 
     def __post_init__(self) -> None:
