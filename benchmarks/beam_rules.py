@@ -26,15 +26,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import tempfile
-from datetime import date
 from pathlib import Path
 
 import torch
-from ctranslate2_speed import cpu_name  # benchmarks/, on sys.path as a script
+from ctranslate2_speed import provenance  # benchmarks/, on sys.path as a script
 
 from aiayn.batching import pad_sequences
 from aiayn.decoding import (
@@ -120,16 +116,8 @@ def main() -> None:
                     largest_gap=round(max(map(abs, gaps), default=0.0), 5),
                 )
             print(f"{name}  {label:28s} {same:5d} of {len(sources)} as CTranslate2")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     record = dict(
-        command="python benchmarks/beam_rules.py " + " ".join(sys.argv[1:]),
-        commit=commit,
-        date=str(date.today()),
-        machine=f"{cpu_name()}, {os.cpu_count()} cores, 1 thread",
-        torch=torch.__version__,
-        ctranslate2=__import__("ctranslate2").__version__,
+        **provenance("beam_rules.py", "1 thread"),
         beam_size=BEAM_SIZE,
         alpha=ALPHA,
         rows=rows,

@@ -54,6 +54,21 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def provenance(script: str, threads: str) -> dict:
+    """What a record says of how it was made: command, commit, date, machine."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    return dict(
+        command=f"python benchmarks/{script} " + " ".join(sys.argv[1:]),
+        commit=commit,
+        date=str(date.today()),
+        machine=f"{cpu_name()}, {os.cpu_count()} cores, {threads}",
+        torch=torch.__version__,
+        ctranslate2=__import__("ctranslate2").__version__,
+    )
+
+
 def book_engine(model, tokenizer, batch_size):
     def run(texts, method):
         with torch.no_grad():
@@ -152,17 +167,9 @@ def main() -> None:
                 f"({rows[-1]['spread']}) {rows[-1]['ratio']:.2f}x  BLEU {bleu:.2f}"
                 f"  same as the book: {same}/{len(sources)}"
             )
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     record = dict(
-        command="python benchmarks/ctranslate2_speed.py " + " ".join(sys.argv[1:]),
-        commit=commit,
-        date=str(date.today()),
-        machine=f"{cpu_name()}, {os.cpu_count()} cores, 1 thread per engine",
+        **provenance("ctranslate2_speed.py", "1 thread per engine"),
         note=args.note,
-        torch=torch.__version__,
-        ctranslate2=__import__("ctranslate2").__version__,
         sentences=len(sources),
         reps=args.reps,
         warmup_seconds=round(warmup, 1),

@@ -390,31 +390,41 @@ class Strings:
         return f"t{i}"
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_converted_models_export_to_ctranslate2_exactly(
-    family: str, tmp_path: Path
-) -> None:
-    """Post-norm, SiLU, a logit bias, a start token that is padding or </s>."""
+def exported(family: str, folder: Path) -> tuple[Transformer, Any, Any, list, list]:
+    """A converted model of family that often ends early, exported to CTranslate2.
+
+    Returns the model, CTranslate2's translator, a padded batch, its sentences as
+    token strings, and the tokens the export suppresses.
+    """
     import ctranslate2
 
     torch.manual_seed(1)
     hf = ended_often(FAMILIES[family](SIZES[1], std=0.3).eval())
     model = from_huggingface(hf)
     c = model.config
-    export_ctranslate2(model, Strings(), tmp_path / "ct2")
-    translator = ctranslate2.Translator(str(tmp_path / "ct2"))
+    export_ctranslate2(model, Strings(), folder)
+    translator = ctranslate2.Translator(str(folder))
     src = padded_batch(c)[0]
-    mine = greedy_search(model, src, max_len=12)
     sources = [[f"t{i}" for i in row if i != c.pad_id] for row in src.tolist()]
-    banned = json.loads((tmp_path / "ct2" / "aiayn_export.json").read_text())
-    assert banned["suppress_tokens"] == [f"t{c.pad_id}"]  # the start is pad, or </s>
+    banned = json.loads((folder / "aiayn_export.json").read_text())
+    return model, translator, src, sources, banned["suppress_tokens"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_converted_models_export_to_ctranslate2_exactly(
+    family: str, tmp_path: Path
+) -> None:
+    """Post-norm, SiLU, a logit bias, a start token that is padding or </s>."""
+    model, translator, src, sources, banned = exported(family, tmp_path / "ct2")
+    mine = greedy_search(model, src, max_len=12)
+    assert banned == [f"t{model.config.pad_id}"]  # the start is pad, or </s>
     results = translator.translate_batch(
         sources,
         beam_size=1,
         max_decoding_length=12,
         min_decoding_length=0,
         return_end_token=True,
-        suppress_sequences=[banned["suppress_tokens"]],
+        suppress_sequences=[banned],
     )
     theirs = [[int(t[1:]) for t in r.hypotheses[0]] for r in results]
     ours = [row[: int(n)] for row, n in zip(mine.tokens.tolist(), mine.lengths)]
@@ -426,35 +436,22 @@ def test_beam_search_with_ctranslate2s_rules_decodes_as_ctranslate2(
     family: str, tmp_path: Path
 ) -> None:
     """BeamRules names what CTranslate2 does: with its rules, the same beams."""
-    import ctranslate2
-
-    torch.manual_seed(1)
-    hf = ended_often(FAMILIES[family](SIZES[1], std=0.3).eval())
-    model = from_huggingface(hf)
-    c = model.config
-    export_ctranslate2(model, Strings(), tmp_path / "ct2")
-    translator = ctranslate2.Translator(str(tmp_path / "ct2"))
-    src = padded_batch(c)[0]
-    sources = [[f"t{i}" for i in row if i != c.pad_id] for row in src.tolist()]
-    banned = json.loads((tmp_path / "ct2" / "aiayn_export.json").read_text())
+    model, translator, src, sources, banned = exported(family, tmp_path / "ct2")
     results = translator.translate_batch(
         sources,
         beam_size=4,
         length_penalty=0.6,
         max_decoding_length=12,
         min_decoding_length=0,
-        suppress_sequences=[banned["suppress_tokens"]],
+        suppress_sequences=[banned],
     )
     theirs = [[int(t[1:]) for t in r.hypotheses[0]] for r in results]
-
-    def ours(rules: Any) -> list[list[int]]:
-        out = beam_search(model, src, 4, 0.6, max_len=12, rules=rules)
-        return [
-            row[: int(n) - int(ended)]  # without the end token, as CTranslate2's
-            for row, n, ended in zip(out.tokens.tolist(), out.lengths, out.finished)
-        ]
-
-    assert ours(CTRANSLATE2_RULES) == theirs
+    out = beam_search(model, src, 4, 0.6, max_len=12, rules=CTRANSLATE2_RULES)
+    ours = [
+        row[: int(n) - int(ended)]  # without the end token, as CTranslate2's
+        for row, n, ended in zip(out.tokens.tolist(), out.lengths, out.finished)
+    ]
+    assert ours == theirs
 
 
 @pytest.fixture(scope="module")
