@@ -788,7 +788,6 @@ def test_every_flag_of_every_command_is_a_field():
         BleuOptions,
         ExportOptions,
         ModelOptions,
-        Multi30kTask,
         TrainOptions,
         TranslateOptions,
         _bleu_parser,
@@ -798,6 +797,7 @@ def test_every_flag_of_every_command_is_a_field():
     )
     from aiayn.decoding import DecodingConfig
     from aiayn.model import TransformerConfig
+    from aiayn.multi30k import Multi30kTask
     from aiayn.train import SyntheticTask, TrainConfig
 
     classes = (

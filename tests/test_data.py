@@ -19,7 +19,6 @@ import sacrebleu
 import torch
 
 import aiayn.batching as batching
-import aiayn.cli as cli
 import aiayn.multi30k as data
 from aiayn import Transformer
 from aiayn.batching import load_checkpoint_model, tokenizer_from_dict
@@ -550,8 +549,8 @@ def test_the_preset_picks_the_recipe_that_fits_the_device(
     monkeypatch.setenv(DATA_ENV, str(local_multi30k()))
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     cpu = torch.device("cpu")
-    on_cpu = cli.multi30k_experiment(
-        "multi30k-de-en", cli.Multi30kTask(vocab_size=300, train_size=200), cpu
+    on_cpu = data.multi30k_experiment(
+        "multi30k-de-en", data.Multi30kTask(vocab_size=300, train_size=200), cpu
     )
     assert (
         on_cpu.options["model"] == "book"
@@ -560,8 +559,8 @@ def test_the_preset_picks_the_recipe_that_fits_the_device(
     # as chapter 16 trains it
     assert on_cpu.train_config.amp == ("bf16" if batching.cpu_has_bf16() else "off")
     assert not on_cpu.train_config.compile and capsys.readouterr().err == ""
-    gpu = cli.Multi30kTask(model="gpu", vocab_size=300, train_size=200)
-    asked = cli.multi30k_experiment("multi30k-en-de", gpu, cpu)
+    gpu = data.Multi30kTask(model="gpu", vocab_size=300, train_size=200)
+    asked = data.multi30k_experiment("multi30k-en-de", gpu, cpu)
     # given explicitly, it is honoured...
     assert asked.model_config.d_model == data.GPU_RECIPE.model.d_model
     # ... with a warning of the time it takes

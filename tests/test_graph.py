@@ -197,3 +197,28 @@ def test_loading_a_model_and_picking_a_device_sit_below_training_and_multi30k() 
         homes = [p.stem for p in SRC.glob("*.py") if f"\ndef {name}(" in p.read_text()]
         assert homes == ["batching"], (name, homes)
         assert CHAPTER_OF["batching"] < min(CHAPTER_OF["train"], CHAPTER_OF["multi30k"])
+
+
+def calls(path: Path) -> set[str]:
+    """The dotted names a module calls, such as torch.save."""
+    return {
+        ast.unparse(node.func)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+    }
+
+
+def test_checkpoint_files_are_read_and_written_by_one_module() -> None:
+    """torch.save and torch.load are called in model.py alone (chapter 9's format);
+    every other module goes through write_checkpoint and read_checkpoint."""
+    io = {"torch.save", "torch.load"}
+    homes = sorted(p.stem for p in SRC.glob("*.py") if calls(p) & io)
+    assert homes == ["model"], homes
+    readers = {p.stem for p in SRC.glob("*.py") if "read_checkpoint" in calls(p)}
+    assert {"batching", "production", "runs"} <= readers, readers
+
+
+def test_the_run_level_of_a_checkpoint_builds_on_the_model_level() -> None:
+    """A run's checkpoint (chapter 13) is the model's (chapter 9) with training state:
+    train.py makes it with checkpoint_dict and writes it with write_checkpoint."""
+    assert {"checkpoint_dict", "write_checkpoint"} <= calls(SRC / "train.py")

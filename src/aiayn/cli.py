@@ -17,7 +17,6 @@ import signal
 import sys
 import textwrap
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from aiayn.batching import pick_device, recipe_amp
+from aiayn.batching import pick_device
 from aiayn.decoding import DecodingConfig, decoding_config, translate
 from aiayn.model import (
     Transformer,
@@ -37,21 +36,17 @@ from aiayn.model import (
     setting,
 )
 from aiayn.multi30k import (
-    DATA_ENV,
     DIRECTIONS,
     MULTI30K_SPLITS,
     PRETRAINED,
     PRETRAINED_SCOPE,
-    RECIPES,
-    Multi30kRecipe,
-    encode_text_pairs,
+    Multi30kTask,
     evaluate_bleu,
     load_multi30k,
-    prepare_multi30k,
+    multi30k_experiment,
 )
 from aiayn.production import (
     QUANTIZATIONS,
-    ModelSource,
     OutputFailed,
     Stopped,
     TextOutput,
@@ -59,7 +54,9 @@ from aiayn.production import (
     error_line,
     export_ctranslate2,
     load_model,
+    model_direction,
     model_source,
+    plain_warnings,
     read_texts,
     report_refused,
     stop_on_signals,
@@ -92,7 +89,6 @@ __all__ = [
     "CommandParser",
     "ExportOptions",
     "ModelOptions",
-    "Multi30kTask",
     "PRESETS",
     "Preset",
     "TrainOptions",
@@ -101,7 +97,6 @@ __all__ = [
     "bleu_main",
     "export_main",
     "given",
-    "multi30k_experiment",
     "train_main",
     "translate_main",
 ]
@@ -215,81 +210,6 @@ class CommandParser(argparse.ArgumentParser):
 
 # Chapter 20, "Presets"
 @dataclass(frozen=True)
-class Multi30kTask:
-    """The data and recipe of the presets multi30k-DIRECTION (chapter 20)."""
-
-    model: str | None = setting(
-        None,
-        "the recipe: gpu (49M parameters), long (7.6M, hours on a CPU), book (5M, "
-        "minutes), tiny (tests); default: gpu on a GPU, else book",
-        choices=tuple(RECIPES),
-    )
-    vocab_size: int | None = setting(None, "joint subwords (the recipe's)", low=5)
-    train_size: int | None = setting(None, "train on the first N pairs only", low=1)
-    bleu_size: int | None = setting(None, "sentences scored by BLEU (all)", low=1)
-    data_dir: str | None = setting(
-        None, f"the Multi30k folder (${DATA_ENV}, else the cache)", metavar="DIR"
-    )
-
-
-def multi30k_experiment(
-    name: str, task: Multi30kTask, device: torch.device
-) -> Experiment:
-    """The preset multi30k-DIRECTION, valid BLEU as the metric (chapter 20)."""
-    model = task.model or ("gpu" if device.type == "cuda" else "book")
-    if model == "gpu" and device.type != "cuda":
-        # measured in results/multi30k-de-en/gpu-recipe-on-cpu.log
-        print(
-            "warning: the gpu recipe (49M parameters) takes 15 to 45 s a step on "
-            "a 2-core CPU, a day or two for its 4,000 steps; --model book trains "
-            "chapter 16's 5M model in minutes.",
-            file=sys.stderr,
-        )
-    recipe = dataclasses.replace(
-        RECIPES[model], direction=name.removeprefix("multi30k-")
-    )
-    if task.vocab_size is not None:
-        recipe = dataclasses.replace(recipe, vocab_size=task.vocab_size)
-    tokenizer, train, valid = prepare_multi30k(recipe, task.data_dir, task.train_size)
-    scored = valid[: task.bleu_size] if task.bleu_size else valid
-    resolved = dataclasses.replace(task, model=model, vocab_size=recipe.vocab_size)
-    kept = dataclasses.asdict(resolved)
-    del kept["data_dir"]  # where the files are is not what they are
-    return Experiment(
-        recipe.model_config(tokenizer.vocab_size),
-        tokenizer,
-        encode_text_pairs(tokenizer, train),
-        encode_text_pairs(tokenizer, valid),
-        _preset_config(recipe, model, device),
-        max_tokens=recipe.max_tokens,
-        metric=lambda m: evaluate_bleu(m, tokenizer, scored).score,
-        metric_name="valid BLEU",
-        options=kept,
-        task=recipe.task(),  # Multi30k, and the direction
-    )
-
-
-def _preset_config(
-    recipe: Multi30kRecipe, model: str, device: torch.device
-) -> TrainConfig:
-    """The TrainConfig of a Multi30k preset's run (chapter 20)."""
-    if model in ("gpu", "long"):
-        periods = dict(log_every=100, eval_every=500, checkpoint_every=250)
-    else:
-        periods = dict(
-            log_every=max(1, recipe.schedule.steps // 10),
-            eval_every=recipe.schedule.steps,
-            checkpoint_every=max(1, recipe.schedule.steps // 5),
-        )
-    return recipe.train_config(
-        amp=recipe_amp(device),
-        compile=device.type == "cuda" and model == "gpu",
-        keep_checkpoints=5,
-        **periods,
-    )
-
-
-@dataclass(frozen=True)
 class Preset:
     """A recipe of `python -m aiayn train --preset NAME` and its help (chapter 20).
 
@@ -335,18 +255,6 @@ def _threads(device: torch.device, threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-@contextlib.contextmanager
-def _plain_warnings() -> Iterator[None]:
-    """Inside, a warning prints as one line, `warning: ...`."""
-
-    def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
-        print(f"warning: {message}", file=sys.stderr)
-
-    with warnings.catch_warnings():  # which restores showwarning
-        warnings.showwarning = show
-        yield
 
 
 @dataclass(frozen=True)
@@ -418,7 +326,7 @@ def train_main(argv: list[str] | None = None) -> int:
     """
     args = _train_parser().parse_args(argv)
     try:
-        with _plain_warnings():
+        with plain_warnings():
             return _run(args)
     except TrainingInterrupted as stop:
         signal.signal(stop.signum, signal.SIG_IGN)  # saved: a repeat changes nothing
@@ -599,9 +507,10 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
     """
     args = _translate_parser().parse_args(argv)
     output, texts, refused = TextOutput(args.output), [], {}
-    with _plain_warnings(), stop_on_signals():
+    with plain_warnings(), stop_on_signals():
         try:
-            source, config = _model_source(args), _decoding(args)
+            source = model_source(args.checkpoint, args.pretrained)
+            config = _decoding(args)
             texts, refused = read_texts(args.text, args.input)  # refused: index -> why
             check_writable(args.output)
             device = pick_device(args.device or "auto")  # chapter 11: cuda, mps, cpu
@@ -610,7 +519,7 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
                 if source.kind == "shipped":  # its limits are in its model card too
                     scope = PRETRAINED_SCOPE[source.name]
                     print(f"note: {source.name} {scope}.", file=sys.stderr)
-                _direction(args.direction, task, source)  # a check only
+                model_direction(task, args.direction, source.name)  # a check only
                 todo = ["" if i in refused else text for i, text in enumerate(texts)]
                 book = isinstance(model, Transformer)  # else an export's engine
                 limit = model.config.max_len if book else model.max_len
@@ -628,25 +537,6 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
         except OutputFailed as failed:
             return failed.report(f"{output.count} of {len(texts)} lines written")
     return report_refused(refused, len(texts), "text" if args.text else "line")
-
-
-def _model_source(args: argparse.Namespace) -> ModelSource:
-    """What --checkpoint or --pretrained names (chapter 19's model_source)."""
-    return model_source(args.checkpoint, args.pretrained)
-
-
-def _direction(
-    asked: str | None, task: dict[str, Any] | None, source: ModelSource
-) -> str | None:
-    """The direction the model translates: its own; --direction must agree."""
-    trained = (task or {}).get("direction")
-    if asked is not None and task is not None and trained != asked:
-        what = f"for {trained}" if trained else f"on the task {task.get('data')!r}"
-        raise ValueError(
-            f"{source.name} was trained {what}, not for {asked}; leave out "
-            f"--direction, or give a model of {asked}."
-        )
-    return trained or asked
 
 
 def _decoding(args: argparse.Namespace, methods: Sequence[str] = ()) -> DecodingConfig:
@@ -710,36 +600,21 @@ def _bleu_parser() -> CommandParser:
     return p
 
 
-def _scored_direction(
-    asked: str | None, task: dict[str, Any] | None, source: ModelSource
-) -> str:
-    """The direction to score: the model's own; --direction must agree with it."""
-    if task is not None and task.get("data") not in (None, "multi30k"):
-        raise ValueError(
-            f"{source.name} was trained on the task {task.get('data')!r}, not on "
-            "Multi30k; bleu scores translations of Multi30k."
-        )
-    direction = _direction(asked, task, source)
-    if direction is None:
-        raise ValueError(
-            f"{source.name} does not record which direction it translates; give "
-            f"--direction ({' or '.join(DIRECTIONS)})."
-        )
-    return direction
-
-
 def bleu_main(argv: Sequence[str] | None = None) -> int:
     """`python -m aiayn bleu`: score a model with sacreBLEU on a split (chapter 20)."""
     args = _bleu_parser().parse_args(argv)
     data = BleuOptions(**given(args, BleuOptions))
-    with _plain_warnings(), stop_on_signals():
+    with plain_warnings(), stop_on_signals():
         try:
-            source, config = _model_source(args), _decoding(args, ("beam", "greedy"))
+            source = model_source(args.checkpoint, args.pretrained)
+            config = _decoding(args, ("beam", "greedy"))
             check_writable(args.output)
             device = pick_device(args.device or "auto")
             with _threads(device, args.threads):
                 model, tokenizer, task = load_model(source, device, args.threads or 1)
-                direction = _scored_direction(args.direction, task, source)
+                direction = model_direction(
+                    task, args.direction, source.name, scored=True
+                )
                 pairs = load_multi30k(data.split, direction, args.data_dir)
                 pairs = pairs[: data.limit] if data.limit is not None else pairs
                 result = evaluate_bleu(model, tokenizer, pairs, config)
@@ -790,18 +665,18 @@ def _export_parser() -> CommandParser:
 def export_main(argv: Sequence[str] | None = None) -> int:
     """`python -m aiayn export`: write a model for CTranslate2 (chapter 20)."""
     args = _export_parser().parse_args(argv)
-    with _plain_warnings(), stop_on_signals():
+    with plain_warnings(), stop_on_signals():
         try:
             if args.ctranslate2 is None:
                 raise ValueError("give the folder to write: --ctranslate2 DIR.")
-            source = _model_source(args)
+            source = model_source(args.checkpoint, args.pretrained)
             if source.kind == "export":
                 raise ValueError(
                     f"{source.name} is an export already; export from a checkpoint, "
                     "a shipped model or a Hugging Face model."
                 )
             model, tokenizer, task = load_model(source)
-            direction = _direction(args.direction, task, source)
+            direction = model_direction(task, args.direction, source.name)
             if task is None and direction is not None:
                 task = {"direction": direction}  # as the user says
             path = export_ctranslate2(

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 import unicodedata
 import urllib.request
@@ -46,10 +47,11 @@ from aiayn.model import (
     TransformerConfig,
     atomic_file,
     checkpoint_dict,
+    setting,
     sha256_file,
     write_checkpoint,
 )
-from aiayn.runs import RunTrainer
+from aiayn.runs import Experiment, RunTrainer
 from aiayn.train import (
     RECIPE_FIELDS,
     TrainConfig,
@@ -71,6 +73,7 @@ __all__ = [
     "MULTI30K_SPLITS",
     "MULTI30K_URL",
     "Multi30kRecipe",
+    "Multi30kTask",
     "PRETRAINED",
     "PRETRAINED_COMMIT",
     "PRETRAINED_ENV",
@@ -82,7 +85,6 @@ __all__ = [
     "book_model",
     "book_model_path",
     "cache_dir",
-    "checkpoint_task",
     "corpus_bleu",
     "download_multi30k",
     "encode_text_pairs",
@@ -92,6 +94,7 @@ __all__ = [
     "joint_model",
     "load_multi30k",
     "multi30k_dir",
+    "multi30k_experiment",
     "normalize",
     "prepare_multi30k",
     "pretrained",
@@ -294,11 +297,10 @@ def _problems(directory: Path, names: Iterable[str]) -> list[str]:
     problems = []
     for name in names:
         path = directory / name
-        if not path.is_file():
+        digest = sha256_file(path) if path.is_file() else None
+        if digest is None:
             problems.append(f"{name} is missing")
-            continue
-        digest = sha256_file(path)
-        if digest != MULTI30K_SHA256[name]:
+        elif digest != MULTI30K_SHA256[name]:
             problems.append(
                 f"{name} has sha256 {digest[:12]}..., "
                 f"expected {MULTI30K_SHA256[name][:12]}... "
@@ -977,19 +979,69 @@ def pretrained(
     return load_checkpoint_model(path, map_location=device)
 
 
-def checkpoint_task(
-    checkpoint: Mapping[str, Any], path: str | os.PathLike | None = None
-) -> dict[str, Any] | None:
-    """What a checkpoint was trained for, e.g. Multi30k de-en, or None (chapter 16).
+# Chapter 16, "A recipe for a GPU, as a preset"
+@dataclass(frozen=True)
+class Multi30kTask:
+    """The data and recipe of the presets multi30k-DIRECTION (chapter 16)."""
 
-    Its own record (chapter 13's task); else, for path holding a shipped model,
-    which predates that record, the name it ships under.
-    """
-    if checkpoint.get("task") is not None:
-        return dict(checkpoint["task"])
-    if path is not None and Path(path).is_file():
-        digest = sha256_file(path)
-        for name, files in PRETRAINED.items():
-            if files["model.pt"] == digest:
-                return {"data": "multi30k", "direction": name.removeprefix("multi30k-")}
-    return None
+    model: str | None = setting(
+        None,
+        "the recipe: gpu (49M parameters), long (7.6M, hours on a CPU), book (5M, "
+        "minutes), tiny (tests); default: gpu on a GPU, else book",
+        choices=tuple(RECIPES),
+    )
+    vocab_size: int | None = setting(None, "joint subwords (the recipe's)", low=5)
+    train_size: int | None = setting(None, "train on the first N pairs only", low=1)
+    bleu_size: int | None = setting(None, "sentences scored by BLEU (all)", low=1)
+    data_dir: str | None = setting(
+        None, f"the Multi30k folder (${DATA_ENV}, else the cache)", metavar="DIR"
+    )
+
+
+def multi30k_experiment(
+    name: str, task: Multi30kTask, device: torch.device
+) -> Experiment:
+    """The preset multi30k-DIRECTION, valid BLEU as the metric (chapter 16)."""
+    model = task.model or ("gpu" if device.type == "cuda" else "book")
+    if model == "gpu" and device.type != "cuda":  # see gpu-recipe-on-cpu.log
+        print(
+            "warning: the gpu recipe takes a day or two on a 2-core CPU (15 to 45 s "
+            "a step); --model book trains chapter 16's 5M model in minutes.",
+            file=sys.stderr,
+        )
+    recipe = dataclasses.replace(
+        RECIPES[model], direction=name.removeprefix("multi30k-")
+    )
+    recipe = dataclasses.replace(
+        recipe, vocab_size=task.vocab_size or recipe.vocab_size
+    )
+    tokenizer, train, valid = prepare_multi30k(recipe, task.data_dir, task.train_size)
+    scored = valid[: task.bleu_size] if task.bleu_size else valid
+    steps = recipe.schedule.steps  # log, validate, snapshot at fixed steps, or at
+    log, validate, snapshot = (  # fractions of a short run
+        (100, 500, 250)
+        if model in ("gpu", "long")
+        else (steps // 10, steps, steps // 5)
+    )
+    config = recipe.train_config(
+        amp=recipe_amp(device),  # as in train_multi30k
+        compile=device.type == "cuda" and model == "gpu",
+        keep_checkpoints=5,
+        log_every=max(1, log),
+        eval_every=validate,
+        checkpoint_every=max(1, snapshot),
+    )
+    kept = {**dataclasses.asdict(task), "model": model, "vocab_size": recipe.vocab_size}
+    del kept["data_dir"]  # where the files are is not what they are
+    return Experiment(
+        recipe.model_config(tokenizer.vocab_size),
+        tokenizer,
+        encode_text_pairs(tokenizer, train),
+        encode_text_pairs(tokenizer, valid),
+        config,
+        max_tokens=recipe.max_tokens,
+        metric=lambda m: evaluate_bleu(m, tokenizer, scored).score,
+        metric_name="valid BLEU",
+        options=kept,
+        task=recipe.task(),  # Multi30k, and the direction
+    )

@@ -20,7 +20,8 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from aiayn.decoding import (
     never_generated,
 )
 from aiayn.model import Transformer, TransformerConfig, read_checkpoint, sha256_file
-from aiayn.multi30k import PRETRAINED, checkpoint_task, pretrained_file
+from aiayn.multi30k import DIRECTIONS, PRETRAINED, pretrained_file
 from aiayn.train import TASKS, checkpoint_file
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "TOKENIZER_FILE",
     "TextOutput",
     "check_writable",
+    "checkpoint_task",
     "config_from_huggingface",
     "ctranslate2_spec",
     "error_line",
@@ -67,7 +69,9 @@ __all__ = [
     "load_huggingface",
     "load_model",
     "load_tokenizer",
+    "model_direction",
     "model_source",
+    "plain_warnings",
     "read_texts",
     "report_refused",
     "save_tokenizer",
@@ -824,6 +828,27 @@ def _pretrained_source(name: str) -> ModelSource:
     )
 
 
+def checkpoint_task(
+    checkpoint: Mapping[str, Any], path: str | os.PathLike | None = None
+) -> dict[str, Any] | None:
+    """What a checkpoint was trained for, e.g. Multi30k de-en, or None (chapter 19).
+
+    Its own record (chapter 13's task); else, for path holding a shipped model,
+    which predates that record, the name it ships under; else its run's preset.
+    """
+    if checkpoint.get("task") is not None:
+        return dict(checkpoint["task"])
+    if path is not None and Path(path).is_file():
+        digest = sha256_file(path)
+        for name, files in PRETRAINED.items():
+            if files["model.pt"] == digest:
+                return {"data": "multi30k", "direction": name.removeprefix("multi30k-")}
+    preset = ((checkpoint.get("training") or {}).get("run") or {}).get("preset", "")
+    if preset.startswith("multi30k-"):
+        return {"data": "multi30k", "direction": preset.removeprefix("multi30k-")}
+    return {"data": preset} if preset in TASKS else None
+
+
 def load_model(
     source: ModelSource, device: str | torch.device = "cpu", threads: int = 1
 ) -> tuple[Any, Any, dict[str, Any] | None]:
@@ -852,13 +877,37 @@ def load_model(
             "a checkpoint written by `python -m aiayn train`, which saves the "
             "tokenizer with the model."
         )
-    task = checkpoint_task(checkpoint, source.where)
-    preset = ((checkpoint.get("training") or {}).get("run") or {}).get("preset", "")
-    if task is None and preset.startswith("multi30k-"):  # older than the record
-        task = {"data": "multi30k", "direction": preset.removeprefix("multi30k-")}
-    elif task is None and preset in TASKS:
-        task = {"data": preset}
-    return model.to(device), tokenizer, task
+    return model.to(device), tokenizer, checkpoint_task(checkpoint, source.where)
+
+
+def model_direction(
+    task: dict[str, Any] | None,
+    asked: str | None = None,
+    name: str = "the model",
+    scored: bool = False,
+) -> str | None:
+    """The direction a model translates, by its task; asked must agree (ch. 19).
+
+    scored: a direction is needed, of a Multi30k model, to score its translations.
+    """
+    data, trained = (task or {}).get("data"), (task or {}).get("direction")
+    if scored and data not in (None, "multi30k"):
+        raise ValueError(
+            f"{name} was trained on the task {data!r}, not on Multi30k; bleu "
+            "scores translations of Multi30k."
+        )
+    if asked is not None and task is not None and trained != asked:
+        what = f"for {trained}" if trained else f"on the task {data!r}"
+        raise ValueError(
+            f"{name} was trained {what}, not for {asked}; leave out --direction, "
+            f"or give a model of {asked}."
+        )
+    if scored and (trained or asked) is None:
+        raise ValueError(
+            f"{name} does not record which direction it translates; give "
+            f"--direction ({' or '.join(DIRECTIONS)})."
+        )
+    return trained or asked
 
 
 # Chapter 19, "Translating a stream of texts"
@@ -866,6 +915,22 @@ def error_line(message: str) -> int:
     """Report a mistake that stops a command in one line; its exit status, 2."""
     print(f"error: {message}", file=sys.stderr)
     return 2
+
+
+@contextlib.contextmanager
+def plain_warnings() -> Iterator[None]:
+    """Inside, a warning prints as one line, `warning: ...` (chapter 19).
+
+    Python adds the source line for programmers; a user of a command needs only
+    the message, say, that a text is mostly unknown tokens.
+    """
+
+    def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        print(f"warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():  # which restores showwarning
+        warnings.showwarning = show
+        yield
 
 
 class TextOutput:
