@@ -28,6 +28,7 @@ from nbclient.exceptions import CellExecutionError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import export  # noqa: E402  (scripts/export.py)
+import quoted  # noqa: E402  (scripts/quoted.py)
 
 ROOT = export.ROOT
 ALTAIR_ID = re.compile(r"altair-viz-[0-9a-f]{32}")
@@ -103,8 +104,14 @@ def notebook_from_source(md: Path) -> nbformat.NotebookNode:
 
 
 def execute(md: Path) -> float:
-    """Execute one chapter and write its .ipynb; return the seconds it took."""
-    nb = notebook_from_source(md)
+    """Execute one chapter and write its .ipynb; return the seconds it took.
+
+    The numbers that the prose quotes with their expression (scripts/quoted.py) are
+    recomputed after the cell that precedes them and rewritten in the .md, and in
+    the pages that quote this chapter, when they changed.
+    """
+    source = notebook_from_source(md)
+    nb, inserted = quoted.with_checks(source, md.stem)
     start = time.perf_counter()
     client = NotebookClient(
         nb,
@@ -117,9 +124,31 @@ def execute(md: Path) -> float:
         resources={"metadata": {"path": str(md.parent)}},
     )
     client.execute()
+    for line in quoted.update_pages(md, nb, inserted):
+        print(f"quoted number updated: {line}")
+    for index, _ in reversed(inserted):  # the check cells are not the chapter's
+        del nb.cells[index]
+    fresh = notebook_from_source(md)  # the prose with the updated numbers
+    for cell, new in zip(nb.cells, fresh.cells, strict=True):
+        if cell.cell_type == "markdown":
+            cell.source = new.source
+    cell_ids(nb)
+    renumber(nb)
     stable_outputs(nb)
     jupytext.write(nb, md.with_suffix(".ipynb"), fmt="ipynb")
     return time.perf_counter() - start
+
+
+def renumber(nb: nbformat.NotebookNode) -> None:
+    """Number the code cells 1, 2, ... as one run from the top gives them."""
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    for n, cell in enumerate(code, start=1):
+        if cell.get("execution_count") is None:
+            continue
+        cell.execution_count = n
+        for output in cell.get("outputs", []):
+            if "execution_count" in output:
+                output["execution_count"] = n
 
 
 def main(argv: list[str] | None = None) -> int:

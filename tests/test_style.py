@@ -84,6 +84,7 @@ def prose_words(chapter: Path) -> int:
     text = re.sub(r"\$[^$\n]+\$", " ", text)  # inline math
     text = re.sub(r"\{[a-z]+\}`[^`]*`", " ", text)  # roles: {cite}`...`, {doc}`...`
     text = re.sub(r"^\(.*\)=$", " ", text, flags=re.M)  # labels
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)  # comments: quotes' sources
     return len(re.findall(r"[A-Za-z][A-Za-z'-]*", text))
 
 
