@@ -52,7 +52,7 @@ SOURCE = "book/intro.html"  # the root document: the whole book on one page
 # book/: the page is printed from a copy there.
 PAGE = "book.html"
 SOLUTIONS = "Solutions to the exercises"
-MIN_PAGES = 300  # the book prints on about 400 A4 pages; fewer means content is missing
+MIN_PAGES = 300  # the book prints on some 470 A4 pages; fewer means content is missing
 
 # What the page gets before printing: the theme's own print styles hide the sidebars
 # and buttons; these break chapters onto new pages and keep code inside the margin.
