@@ -38,9 +38,6 @@ PAGES = [
     BOOK / "model_card.md",
     ROOT / "README.md",
 ]
-# The pages whose numbers are all accounted for. The others still hold numbers
-# typed by hand; each is converted in turn, and then joins this list.
-CHECKED = {p.name for p in PAGES} - {"errata.md"}
 
 NUMBER = re.compile(
     r"(?<![\w.$/#@-])[-−]?\d(?:[\d,]*\d)?(?:\.\d+)?%?(?![\w/-])(?!\.\d)"
@@ -123,8 +120,6 @@ def sources(text: str) -> list[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_number_is_quoted_attributed_or_a_definition(page: Path) -> None:
-    if page.name not in CHECKED:
-        pytest.skip(f"{page.name} still holds numbers typed by hand (issue open)")
     missing = unaccounted(page.read_text(encoding="utf-8"))
     assert not missing, (
         f"{page.name}: {len(missing)} numbers neither quote the cell that computes "
