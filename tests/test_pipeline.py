@@ -5,6 +5,7 @@ Export, pairing, the table of contents, the setup cells and execution.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
@@ -711,3 +712,21 @@ def test_intro_counts_the_cells_whose_output_is_not_compared() -> None:
     assert figures == (ignored, code, unasserted), (
         f"book/intro.md says {figures}; the book has {(ignored, code, unasserted)}"
     )
+
+
+def test_the_references_list_the_five_source_documents_first_and_in_order() -> None:
+    """_ext/bib_labels.py: [Doc000] ... [Doc004] first, then the alpha order."""
+    from pybtex.database import parse_file
+
+    sys.path.insert(0, str(ROOT / "_ext"))
+    import bib_labels
+
+    with contextlib.suppress(Exception):  # registered already by a book build
+        bib_labels.setup(None)  # registers the styles with pybtex; uses no app
+    style = bib_labels.SourceLabelsStyle()
+    entries = parse_file(ROOT / "references.bib").entries
+    labels = [e.label for e in style.format_entries(entries.values())]
+    assert labels[:5] == ["Doc000", "Doc001", "Doc002", "Doc003", "Doc004"], labels
+    rest = [e for e in style.sort(entries.values()) if not bib_labels.is_source(e.key)]
+    authors = [e.persons["author"][0].last_names[0] for e in rest if e.persons]
+    assert authors == sorted(authors, key=str.lower), authors

@@ -390,14 +390,14 @@ def test_charts(reverser) -> None:
     model, digits, test = reverser
     sa = sentence_attention(model, digits, "3 1 4", "4 1 3")
     chart = attention_chart(sa, layer=1, head=2)
-    assert isinstance(chart, alt.HConcatChart) and len(chart.hconcat) == 3
+    assert isinstance(chart, alt.VConcatChart) and len(chart.vconcat) == 3
     spec = chart.to_dict()  # validates against the Vega-Lite schema
     params = {p["name"]: p for p in spec["params"]}
     assert params["layer"]["value"] == 1 and params["layer"]["bind"]["max"] == 1
     assert params["head"]["value"] == 2 and params["head"]["bind"]["max"] == 3
     rows = sum(len(d) for d in spec["datasets"].values())
     assert rows == 2 * 4 * (3 + 4 + 4)  # one row per (layer, head, query)
-    assert len(attention_chart(sa, kinds=["cross"]).hconcat) == 1
+    assert len(attention_chart(sa, kinds=["cross"]).vconcat) == 1
     with pytest.raises(ValueError, match="kind must be one of"):
         attention_chart(sa, kinds=["self"])
     with pytest.raises(ValueError, match="layer must be in"):

@@ -421,7 +421,7 @@ def attention_chart(
             )
             .properties(width=alt.Step(cell), height=alt.Step(cell))
         )
-    return alt.hconcat(*charts).add_params(layer_p, head_p)
+    return alt.vconcat(*charts).add_params(layer_p, head_p)
 
 
 def _slider(name: str, value: int, n: int) -> Any:
@@ -777,14 +777,14 @@ def statistics_chart(
     chance: Mapping[str, float] | None = None,
     relative: bool = True,
 ) -> Any:
-    """Coloured cells: a row per statistic, a column per head (chapter 17).
+    """Coloured cells: a column per statistic, a row per head (chapter 17).
 
     Args:
         stats: statistic -> [layers, heads], e.g. one kind of head_statistics.
         title: the chart's title.
         chance: statistic -> the value of an evenly spread head, shown in a last
-            column "chance" (head_statistics with uniform=True).
-        relative: colour each row from its smallest value (white) to its largest
+            row "chance" (head_statistics with uniform=True).
+        relative: colour each column from its smallest value (white) to its largest
             (dark), for statistics of different scales; False: one scale for all.
     """
     alt = _altair()
@@ -800,9 +800,12 @@ def statistics_chart(
         )
         .encode(
             x=alt.X(
-                "head:N", title="layer.head", sort=None, axis=alt.Axis(labelAngle=0)
+                "statistic:N",
+                sort=list(stats),
+                title=None,
+                axis=alt.Axis(labelAngle=-90, orient="top"),
             ),
-            y=alt.Y("statistic:N", sort=list(stats), title=None),
+            y=alt.Y("head:N", title="layer.head", sort=None),
         )
     )
     cells = base.mark_rect().encode(
@@ -812,10 +815,10 @@ def statistics_chart(
     white = alt.condition(
         "datum.relative > 0.6", alt.value("white"), alt.value("black")
     )
-    text = base.mark_text(fontSize=10).encode(
+    text = base.mark_text(fontSize=9).encode(
         text=alt.Text("value:Q", format=".2f"), color=white
     )
-    return (cells + text).properties(width=alt.Step(40), height=alt.Step(20))
+    return (cells + text).properties(width=alt.Step(28), height=alt.Step(18))
 
 
 def _statistics_data(
