@@ -34,7 +34,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
@@ -52,7 +54,8 @@ SOURCE = "book/intro.html"  # the root document: the whole book on one page
 # book/: the page is printed from a copy there.
 PAGE = "book.html"
 SOLUTIONS = "Solutions to the exercises"
-MIN_PAGES = 300  # the book prints on some 470 A4 pages; fewer means content is missing
+MIN_PAGES = 300  # the book prints on some 750 A4 pages; fewer means content is missing
+BODY_PT = 10.5  # html { font-size } below; a page wider than A4 would shrink it all
 
 # What the page gets before printing: the theme's own print styles hide the sidebars
 # and buttons; these break chapters onto new pages and keep code inside the margin.
@@ -314,6 +317,20 @@ def bookmarks(reader: PdfReader) -> dict[str, int]:
     return found
 
 
+def body_size(reader: PdfReader, pages: range = range(30, 60)) -> float:
+    """The font size, in points, of most of the text on a run of pages."""
+    sizes: Counter = Counter()
+
+    def visit(text: str, cm: list, tm: list, font: Any, size: float) -> None:
+        if text.strip():  # the size as printed: the font's, scaled by both matrices
+            sizes[round(abs(size * tm[3] * cm[3]), 1)] += len(text)
+
+    for n in pages:
+        if n < len(reader.pages):
+            reader.pages[n].extract_text(visitor_text=visit)
+    return sizes.most_common(1)[0][0] if sizes else 0.0
+
+
 def check_pdf(contents: dict, path: Path = PDF) -> list[str]:
     """What is wrong with the book's PDF (empty when it is fine).
 
@@ -326,6 +343,12 @@ def check_pdf(contents: dict, path: Path = PDF) -> list[str]:
     failures = []
     if len(reader.pages) < MIN_PAGES:
         failures.append(f"{len(reader.pages)} pages, expected at least {MIN_PAGES}")
+    body = body_size(reader)
+    if abs(body - BODY_PT) > 0.5:
+        failures.append(
+            f"the body text prints at {body:.1f} pt, not {BODY_PT}: something wider "
+            "than the page (a long line, a wide table) made Chromium shrink every page"
+        )
     marks = bookmarks(reader)
     if not marks:
         failures.append("the PDF has no outline (bookmarks)")

@@ -37,10 +37,9 @@ def test_a_pdf_without_the_book_fails_the_check(tmp_path: Path) -> None:
         writer.add_blank_page(width=595, height=842)
     writer.write(blank)
     failures = build_pdf.check_pdf(build_pdf.book_contents(), blank)
-    assert failures[:2] == [
-        f"3 pages, expected at least {build_pdf.MIN_PAGES}",
-        "the PDF has no outline (bookmarks)",
-    ]
+    assert failures[0] == f"3 pages, expected at least {build_pdf.MIN_PAGES}"
+    assert failures[1].startswith("the body text prints at 0.0 pt, not 10.5")
+    assert failures[2] == "the PDF has no outline (bookmarks)"
     assert "title not among the PDF's bookmarks: 'The decoder'" in failures
     missing = build_pdf.check_pdf(build_pdf.book_contents(), tmp_path / "none.pdf")
     assert missing == [
