@@ -55,13 +55,13 @@ SOURCE = "book/intro.html"  # the root document: the whole book on one page
 PAGE = "book.html"
 SOLUTIONS = "Solutions to the exercises"
 MIN_PAGES = 300  # the book prints on some 750 A4 pages; fewer means content is missing
-BODY_PT = 10.5  # html { font-size } below; a page wider than A4 would shrink it all
+BODY_PT = 10.5  # the body text; a page wider than A4 would shrink it all
 
 # What the page gets before printing: the theme's own print styles hide the sidebars
 # and buttons; these break chapters onto new pages and keep code inside the margin.
 PRINT_CSS = """
 @page { size: A4; margin: 16mm 14mm 18mm 14mm; }
-html { font-size: 10.5pt; }
+html { font-size: BODY_PTpt; }
 .bd-header, .bd-sidebar-primary, .bd-sidebar-secondary, .header-article,
 .prev-next-area, .bd-footer, .bd-footer-article, footer, .headerlink,
 .copybtn, .toggle-details__summary-text { display: none !important; }
@@ -85,7 +85,7 @@ h2, h3, h4 { break-after: avoid; }
 details.hide > summary { display: none !important; }
 #book-solutions > p { break-after: avoid; }
 mjx-container[display="true"] { overflow: visible !important; }
-"""
+""".replace("BODY_PT", str(BODY_PT))
 
 # Waits for MathJax and the charts, marks each chapter's section (to start a page), and
 # puts a title page and the table of contents first; returns what it found.

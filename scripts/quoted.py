@@ -150,7 +150,7 @@ def plan(nb: nbformat.NotebookNode, chapter: str) -> list[tuple[int, list[Quote]
         found = [q for q in quotes(cell.source) if q.chapter is None]
         at_end += [q for q in quotes(cell.source) if q.chapter == chapter]
         for quote in quotes(cell.source):
-            if quote.chapter not in (None, chapter) or last_code is None and found:
+            if quote.chapter not in (None, chapter) or (last_code is None and found):
                 raise ValueError(
                     f"{chapter}: the number {quote.number} quotes "
                     f"{{{quote.expression}}} before any code cell computes it, or "

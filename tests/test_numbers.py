@@ -71,7 +71,6 @@ def prose(text: str) -> str:
     text = re.sub(
         r"`(?!results/|benchmarks/)[^`\n]*`", " ", text
     )  # a record's path stays
-    text = re.sub(r"\{cite\}", "{cite}", text)
     text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets
     text = re.sub(r"^\(.*\)=$|^#.*$|^%.*$", "", text, flags=re.M)  # labels, headings
     text = re.sub(r"<(?:img|a|span|div)[^>]*>", " ", text)
