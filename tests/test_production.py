@@ -180,6 +180,69 @@ def test_converted_configs_say_what_each_family_changes() -> None:
         config_from_huggingface(fsmt(SIZES[0], decoder_attention_heads=2))
 
 
+PUBLISHED = sorted((REPO / "tests" / "published_configs").glob("*.json"))
+
+
+def published(path: Path) -> Any:
+    """A model of a published configuration, full size, with random weights."""
+    fields = json.loads(path.read_text())
+    if fields["model_type"] == "fsmt":
+        return FSMTForConditionalGeneration(FSMTConfig(**fields)).eval()
+    config = MarianConfig(**fields)
+    # opus-mt-de-en's file is kept in part: what it leaves out must be implied by it
+    assert config.pad_token_id == fields["decoder_start_token_id"]
+    assert config.vocab_size == fields["decoder_vocab_size"]
+    return MarianMTModel(config).eval()
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: p.stem)
+def test_published_configurations_convert(path: Path) -> None:
+    """OPUS-MT base and big and fairseq's WMT19 convert at their published shapes.
+
+    The configurations are the models' own files (tests/published_configs/README.md
+    says where each comes from); the weights are random, the shapes are real.
+    """
+    fields = json.loads(path.read_text())
+    torch.manual_seed(0)
+    hf = published(path)
+    ours = from_huggingface(hf)
+    c = ours.config
+    d_ff, decoder_d_ff = fields["encoder_ffn_dim"], fields["decoder_ffn_dim"]
+    assert (c.d_model, c.n_heads) == (
+        fields["d_model"],
+        fields["encoder_attention_heads"],
+    )
+    assert (c.n_encoder_layers, c.n_decoder_layers) == (
+        fields["encoder_layers"],
+        fields["decoder_layers"],
+    )
+    assert (c.d_ff, c.decoder_d_ff) == (
+        d_ff,
+        None if decoder_d_ff == d_ff else decoder_d_ff,
+    )
+    assert c.max_len == fields["max_position_embeddings"]
+    named = {"swish": "silu", "relu": "relu"}  # what each file says, in torch's word
+    assert c.activation == named[fields["activation_function"]]
+    assert {layer.ffn.d_ff for layer in ours.decoder.layers} == {decoder_d_ff}
+    # every weight is carried over: the book's count is Hugging Face's, less the
+    # position tables (a buffer here), plus Marian's logit bias (a buffer there)
+    tables = hf.model.encoder.embed_positions.weight.numel() * 2
+    bias = c.tgt_vocab_size if c.output_bias else 0
+    assert ours.num_parameters() == hf.num_parameters() - tables + bias
+    src = torch.tensor([[5, 6, 7, 8, 9, c.eos_id], [10, 11, c.eos_id] + [c.pad_id] * 3])
+    tgt = torch.tensor([[c.bos_id, 12, 13, 14], [c.bos_id, 15, 16, 17]])
+    with torch.no_grad():
+        theirs = hf(
+            input_ids=src,
+            attention_mask=(src != c.pad_id).long(),
+            decoder_input_ids=tgt,
+            use_cache=False,
+        ).logits
+        mine = ours(src, tgt)
+    assert (theirs - mine).abs().max().item() < 1e-5
+    assert theirs.abs().max().item() > 0.1
+
+
 def ended_often(hf: Any) -> Any:
     """Scale the end token's output row, so that some sentences end early.
 
