@@ -12,7 +12,7 @@ altair chart has drawn, and prints it:
 - code and outputs wrapped at the margin, never cut (the book's code fits in 88
   columns, printed at 8.6 points on A4); figures scaled to the page;
 - folded cells stay folded as in the HTML (validation code): their outputs print,
-  their code does not;
+  their code does not; the charts print without their controls (menu, sliders);
 - the exercises' solutions move to a last appendix, "Solutions to the exercises",
   opened, with a link from each exercise to its solution and back.
 
@@ -58,7 +58,9 @@ MIN_PAGES = 300  # the book prints on some 750 A4 pages; fewer means content is 
 BODY_PT = 10.5  # the body text; a page wider than A4 would shrink it all
 
 # What the page gets before printing: the theme's own print styles hide the sidebars
-# and buttons; these break chapters onto new pages and keep code inside the margin.
+# and buttons; these break chapters onto new pages, keep code inside the margin and
+# hide the charts' controls (their menu of actions, their sliders), which paper
+# cannot work.
 PRINT_CSS = """
 @page { size: A4; margin: 16mm 14mm 18mm 14mm; }
 html { font-size: BODY_PTpt; }
@@ -85,6 +87,7 @@ h2, h3, h4 { break-after: avoid; }
 details.hide > summary { display: none !important; }
 #book-solutions > p { break-after: avoid; }
 mjx-container[display="true"] { overflow: visible !important; }
+.vega-embed details, .vega-bindings { display: none !important; }
 """.replace("BODY_PT", str(BODY_PT))
 
 # Waits for MathJax and the charts, marks each chapter's section (to start a page), and
@@ -202,6 +205,11 @@ PREPARE = """async (meta) => {
   };
 }"""
 
+# The charts' controls that would print: menus, sliders, buttons, visible boxes.
+VISIBLE_CONTROLS = """() => [...document.querySelectorAll(
+  '.vega-embed details, .vega-embed input, .vega-embed select, .vega-embed button'
+)].filter((e) => e.getClientRects().length > 0).length"""
+
 FOOTER = (
     '<div style="font-size:8pt;width:100%;text-align:center;color:#555">'
     '<span class="pageNumber"></span> / <span class="totalPages"></span></div>'
@@ -275,6 +283,7 @@ def print_pdf(chromium: str | None, contents: dict) -> dict:
             found = page.evaluate(PREPARE, contents)
             page.add_style_tag(content=PRINT_CSS)
             page.emulate_media(media="print")
+            found["controls"] = page.evaluate(VISIBLE_CONTROLS)
             page.pdf(
                 path=str(PDF),
                 format="A4",
@@ -407,6 +416,8 @@ def main() -> int:
             problems.append(f"chapters not found on the page: {found['missing']}")
         if found["outside"]:
             problems.append(f"requests off the machine: {found['outside'][:3]}")
+        if found["controls"]:
+            problems.append(f"{found['controls']} chart controls would print")
         if problems:
             print("\n".join(problems), file=sys.stderr)
             return 1
