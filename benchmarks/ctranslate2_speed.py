@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """The shipped model translated by the book's decoding and by CTranslate2, side by side.
 
-Four engines translate the same test sentences with greedy search and with beam
+Five engines translate the same test sentences with greedy search and with beam
 search (4 beams), one CPU thread each:
 
 - the book's `translate` (chapter 15), eager PyTorch;
-- the same under `torch.compile` (inductor with `freezing`), encoder and decoder
-  compiled with dynamic shapes; the compilation runs once before the timing;
+- the same with chapter 18's `FastDecoder` (`steps=`): the step and the source
+  pass compiled by inductor, batches that drop ended sentences; its compilation
+  runs first, before the timing, and the record gives its time and the number of
+  programs torch.compile made for it (and for any engine while timed: none);
+- the book's model under `torch.compile` (inductor with `freezing`), encoder and
+  decoder compiled with dynamic shapes; the compilation runs once before the timing;
 - CTranslate2 with the model exported in float32 by `aiayn.production`;
 - CTranslate2 with the model exported with int8 weights.
 
@@ -39,6 +43,7 @@ from pathlib import Path
 import torch
 
 from aiayn.decoding import translate
+from aiayn.fast_decoding import FastDecoder
 from aiayn.multi30k import corpus_bleu, load_multi30k, pretrained
 from aiayn.production import CTranslate2Model, export_ctranslate2
 
@@ -69,14 +74,24 @@ def provenance(script: str, threads: str) -> dict:
     )
 
 
-def book_engine(model, tokenizer, batch_size):
+def book_engine(model, tokenizer, batch_size, steps=None):
     def run(texts, method):
         with torch.no_grad():
             return translate(
-                model, tokenizer, texts, method=method, batch_size=batch_size
+                model,
+                tokenizer,
+                texts,
+                method=method,
+                batch_size=batch_size,
+                steps=steps,
             )
 
     return run
+
+
+def programs() -> int:
+    """The programs torch.compile has made in this process so far."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def compiled_book_engine(tokenizer, batch_size):
@@ -105,7 +120,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--out", type=Path, default=None, help="write the record here")
-    parser.add_argument("--note", default="", help="what else ran on the machine")
+    parser.add_argument(
+        "--note", default="nothing else ran", help="what else ran on the machine"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -118,8 +135,19 @@ def main() -> None:
     export_ctranslate2(model, tokenizer, folder / "float32")
     export_ctranslate2(model, tokenizer, folder / "int8", quantization="int8")
 
+    fast = FastDecoder()
+    fast_engine = book_engine(model, tokenizer, args.batch_size, steps=fast)
+    start = time.perf_counter()  # before the engine below turns freezing on
+    for method in ("greedy", "beam"):
+        fast_engine(sources, method)
+    fast_warmup = dict(
+        compiling_seconds=round(fast.warmup_seconds, 1),
+        first_runs_seconds=round(time.perf_counter() - start, 1),
+        programs=programs(),  # the first to compile: all of them are its
+    )
     engines = {
         "book, eager": book_engine(model, tokenizer, args.batch_size),
+        "book, FastDecoder": fast_engine,
         "book, torch.compile": compiled_book_engine(tokenizer, args.batch_size),
         "CTranslate2, float32": ct2_engine(
             folder / "float32", tokenizer, args.batch_size
@@ -132,6 +160,7 @@ def main() -> None:
         for method in searches.values():
             run(sources, method)
     warmup = time.perf_counter() - start
+    compiled = programs()
     times = {(e, s): [] for e in engines for s in searches}
     outputs = {}
     for _ in range(args.reps):
@@ -173,6 +202,8 @@ def main() -> None:
         sentences=len(sources),
         reps=args.reps,
         warmup_seconds=round(warmup, 1),
+        fast_decoder=fast_warmup,
+        programs_compiled_while_timed=programs() - compiled,
         signature=signature,
         rows=rows,
     )

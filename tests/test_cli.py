@@ -864,3 +864,34 @@ def test_a_hugging_face_folder_without_tokenizer_is_one_line_even_on_stderr(
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "holds no tokenizer that transformers can read" in done.stderr
+
+
+# --- --compile: chapter 18's fast decoder from the command line ----------------------
+
+
+def test_compile_decodes_as_without_and_says_what_it_compiled(exported_de_en):
+    sources = [s for s, _ in load_multi30k("test2016", "de-en")[:20]]
+    text = "".join(line + "\n" for line in sources)
+    plain = aiayn("translate", "--pretrained", "multi30k-de-en", "--greedy", stdin=text)
+    fast = aiayn(
+        "translate",
+        "--pretrained",
+        "multi30k-de-en",
+        "--greedy",
+        "--compile",
+        stdin=text,
+    )
+    assert fast.returncode == 0, fast.stderr
+    assert fast.stdout == plain.stdout and len(fast.stdout.splitlines()) == 20
+    assert "note: compiled the step pass in" in fast.stderr
+    scored = [
+        aiayn("bleu", "--pretrained", "multi30k-de-en", "--limit", "30", *more)
+        for more in ([], ["--compile"])
+    ]
+    assert [r.returncode for r in scored] == [0, 0], scored[1].stderr
+    assert scored[0].stdout == scored[1].stdout  # beams: same BLEU, same signature
+    engine = aiayn(
+        "translate", "--checkpoint", str(exported_de_en), "--compile", "Hallo"
+    )
+    assert engine.returncode == 2
+    assert "--compile is for the book's models" in engine.stderr

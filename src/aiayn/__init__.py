@@ -3,25 +3,26 @@
 
 Each module is the code of one chapter:
 
-    aiayn.attention   chapter 01, book/01_attention.md
-    aiayn.masks       chapter 02, book/02_self_attention.md
-    aiayn.multi_head  chapter 03, book/03_multi_head_attention.md
-    aiayn.positional  chapter 04, book/04_positional_encoding.md
-    aiayn.embedding   chapter 05, book/05_embeddings_and_head.md
-    aiayn.sublayers   chapter 06, book/06_sublayers.md
-    aiayn.encoder     chapter 07, book/07_encoder.md
-    aiayn.decoder     chapter 08, book/08_decoder.md
-    aiayn.model       chapter 09, book/09_transformer.md
-    aiayn.variants    chapter 10, book/10_variants.md
-    aiayn.batching    chapter 11, book/11_batching.md
-    aiayn.optim       chapter 12, book/12_loss_and_schedule.md
-    aiayn.train       chapter 13, book/13_training.md
-    aiayn.runs        chapter 14, book/14_training_engine.md
-    aiayn.decoding    chapter 15, book/15_decoding.md
-    aiayn.multi30k    chapter 16, book/16_translation.md
-    aiayn.viz         chapter 17, book/17_inside_attention.md
-    aiayn.production  chapter 19, book/19_production.md
-    aiayn.cli         chapter 20, book/20_command_line.md
+    aiayn.attention      chapter 01, book/01_attention.md
+    aiayn.masks          chapter 02, book/02_self_attention.md
+    aiayn.multi_head     chapter 03, book/03_multi_head_attention.md
+    aiayn.positional     chapter 04, book/04_positional_encoding.md
+    aiayn.embedding      chapter 05, book/05_embeddings_and_head.md
+    aiayn.sublayers      chapter 06, book/06_sublayers.md
+    aiayn.encoder        chapter 07, book/07_encoder.md
+    aiayn.decoder        chapter 08, book/08_decoder.md
+    aiayn.model          chapter 09, book/09_transformer.md
+    aiayn.variants       chapter 10, book/10_variants.md
+    aiayn.batching       chapter 11, book/11_batching.md
+    aiayn.optim          chapter 12, book/12_loss_and_schedule.md
+    aiayn.train          chapter 13, book/13_training.md
+    aiayn.runs           chapter 14, book/14_training_engine.md
+    aiayn.decoding       chapter 15, book/15_decoding.md
+    aiayn.multi30k       chapter 16, book/16_translation.md
+    aiayn.viz            chapter 17, book/17_inside_attention.md
+    aiayn.fast_decoding  chapter 18, book/18_cost_of_attention.md
+    aiayn.production     chapter 19, book/19_production.md
+    aiayn.cli            chapter 20, book/20_command_line.md
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from aiayn.batching import pick_device
 from aiayn.decoding import DecodingConfig, decoding_config, translate
+from aiayn.fast_decoding import FastDecoder
 from aiayn.model import (
     Transformer,
     TransformerConfig,
@@ -149,11 +150,8 @@ def _reads(f: dataclasses.Field, defaults: bool) -> dict[str, Any]:
     default = f" ({f.default})" if shown else ""
     if kind == "bool":
         action = "store_false" if f.default is True else "store_true"
-        return {
-            "dest": f.name,
-            "action": action,
-            "help": rules.get("off") or rules["help"],
-        }
+        help = rules.get("off") or rules["help"]
+        return {"dest": f.name, "action": action, "help": help}
     if rules.get("positional"):
         return {"nargs": "*", "help": rules["help"]}
     choices = rules.get("choices")
@@ -170,10 +168,8 @@ def _reader(f: dataclasses.Field) -> Callable[[str], Any]:
     def read(text: str) -> Any:
         value: Any = text
         with contextlib.suppress(ValueError):  # not a number: refused below
-            if kind in ("int", "float"):
-                value = (
-                    None if text == "none" else {"int": int, "float": float}[kind](text)
-                )
+            if number := {"int": int, "float": float}.get(kind):
+                value = None if text == "none" else number(text)
         if not fits(f, value):
             must = describe(f, none="none")
             raise argparse.ArgumentTypeError(f"must be {must}, got {text!r}")
@@ -526,8 +522,9 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
                 hooks = dict(
                     on_batch=output.write, on_too_long=too_long_refuser(refused, limit)
                 )
+                steps = _fast_steps(args.compile, book)
                 if book:
-                    translate(model, tokenizer, todo, config, **hooks)
+                    translate(model, tokenizer, todo, config, steps=steps, **hooks)
                 else:  # chapter 19's CTranslate2Model, which decodes the same way
                     model.translate(todo, config, **hooks)
         except ValueError as err:
@@ -537,6 +534,14 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
         except OutputFailed as failed:
             return failed.report(f"{output.count} of {len(texts)} lines written")
     return report_refused(refused, len(texts), "text" if args.text else "line")
+
+
+def _fast_steps(compile: bool | None, book: bool) -> FastDecoder | None:
+    """Chapter 18's FastDecoder if --compile asks for it; it says what it compiled."""
+    if compile and not book:
+        raise ValueError("--compile is for the book's models; an export runs compiled.")
+    say = lambda text: print(f"note: {text} (chapter 18).", file=sys.stderr)  # noqa: E731
+    return FastDecoder(say=say) if compile else None
 
 
 def _decoding(args: argparse.Namespace, methods: Sequence[str] = ()) -> DecodingConfig:
@@ -569,7 +574,7 @@ def _translate_parser() -> CommandParser:
     )
     add_flags(p, TranslateOptions, "texts")
     add_flags(p, ModelOptions, "the model")
-    add_flags(p, TrainConfig, "the model", only=["device"])
+    add_flags(p, TrainConfig, "the model", only=["device", "compile"])
     add_flags(p, DecodingConfig, "decoding (chapter 15)")
     return p
 
@@ -595,7 +600,7 @@ def _bleu_parser() -> CommandParser:
     add_flags(p, Multi30kTask, "the data", only=["data_dir"])
     add_flags(p, TranslateOptions, "the data", only=["output"])
     add_flags(p, ModelOptions, "the model")
-    add_flags(p, TrainConfig, "the model", only=["device"])
+    add_flags(p, TrainConfig, "the model", only=["device", "compile"])
     add_flags(p, DecodingConfig, "decoding (chapter 15)")
     return p
 
@@ -617,7 +622,8 @@ def bleu_main(argv: Sequence[str] | None = None) -> int:
                 )
                 pairs = load_multi30k(data.split, direction, args.data_dir)
                 pairs = pairs[: data.limit] if data.limit is not None else pairs
-                result = evaluate_bleu(model, tokenizer, pairs, config)
+                steps = _fast_steps(args.compile, isinstance(model, Transformer))
+                result = evaluate_bleu(model, tokenizer, pairs, config, steps)
             if args.output is not None:
                 lines = "".join(line + "\n" for line in result.hypotheses)
                 Path(args.output).write_text(lines, encoding="utf-8")

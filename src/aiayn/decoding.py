@@ -42,7 +42,10 @@ __all__ = [
     "MAX_TEMPERATURE",
     "MIN_TEMPERATURE",
     "RULES",
+    "SHRINK_SHARE",
     "STOP_CHECK_EVERY",
+    "Steps",
+    "StepsFactory",
     "beam_search",
     "decoding_config",
     "default_max_len",
@@ -199,30 +202,64 @@ def _allowed(logits: Tensor, model: Transformer, length: int, min_len: int) -> T
 
 
 # Chapter 15, "Greedy search"
-def _start(
-    model: Transformer, src: Tensor, use_cache: bool
-) -> tuple[Tensor, Tensor, Any]:
-    """The memory, the source mask and an empty cache (or None) for src (chapter 15)."""
-    memory = model.encode(src)  # once per sentence: [batch, src_len, d_model]
-    src_mask = padding_mask(src, model.config.pad_id)  # [batch, 1, 1, src_len]
-    return memory, src_mask, model.new_cache() if use_cache else None
+class Steps:
+    """The model's next-token logits for a batch of sources, a step a call (ch. 15).
+
+    length: the most steps the search takes (chapter 18's Steps sizes its cache
+    with it; this one does not need it). shrinks: whether the searches may drop
+    the rows of ended sentences (chapter 18's may; these keep every row).
+    """
+
+    shrinks = False
+
+    def __init__(
+        self, model: Transformer, src: Tensor, use_cache: bool = True, length: int = 0
+    ) -> None:
+        self.model = model
+        self.memory = model.encode(src)  # once per sentence: [batch, src_len, d_model]
+        self.src_mask = padding_mask(src, model.config.pad_id)  # [batch, 1, 1, src_len]
+        self.cache = model.new_cache() if use_cache else None
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        """Float logits [rows, V] of the token after each prefix tokens [rows, t]."""
+        # With a cache only the newest token goes in; without, the whole prefix.
+        inputs = tokens[:, -1:] if self.cache is not None else tokens  # [rows, 1 or t]
+        logits = self.model.decode(inputs, self.memory, self.src_mask, self.cache)
+        return logits[:, -1].float()  # [rows, V]
+
+    def reorder(self, index: Tensor, sources: bool) -> None:
+        """Row i now continues the old row index[i] (beam search's new beams).
+
+        sources: whether rows change sentences, as at beam search's first step
+        (one row per sentence becomes k); the memory and the cross-attention keys
+        follow. Later, beams move only among their own sentence's rows: those stay.
+        """
+        if self.cache is not None:
+            self.cache.reorder(index, cross_attention=sources)
+        if sources:
+            self.memory, self.src_mask = self.memory[index], self.src_mask[index]
 
 
-def _step_logits(
-    model: Transformer, tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Any
-) -> Tensor:
-    """Float logits [rows, V] of the token after each prefix tokens [rows, t]."""
-    # With a cache only the newest token goes in; without, the whole prefix.
-    inputs = tokens[:, -1:] if cache is not None else tokens  # [rows, 1 or t]
-    return model.decode(inputs, memory, src_mask, cache=cache)[:, -1].float()
+# how a search makes its Steps: (model, src, use_cache, length) -> Steps
+StepsFactory = Callable[[Transformer, Tensor, bool, int], Steps]
 
 
 STOP_CHECK_EVERY = 8  # off the CPU, the loops look at their stop flags every 8 steps
+SHRINK_SHARE = 0.125  # rows are dropped once this share of them has ended
 
 
 def _stop_check_every(device: torch.device) -> int:
     """Steps between two reads of a decoding loop's stop flags on `device`."""
     return 1 if device.type == "cpu" else STOP_CHECK_EVERY
+
+
+def _worth_shrinking(ended: Tensor) -> bool:
+    """Whether enough of the rows have ended [rows] to copy the others out.
+
+    Never below two rows: compiled code treats a size of 1 apart (chapter 18).
+    """
+    n_ended, n = int(ended.sum()), ended.numel()
+    return n_ended >= max(1, SHRINK_SHARE * n) and n - n_ended >= 2
 
 
 def _generate(
@@ -232,25 +269,32 @@ def _generate(
     max_len: int | None,
     min_len: int,
     use_cache: bool,
+    steps: StepsFactory | None = None,
+    shrink: bool = True,
 ) -> DecodeResult:
-    """Write one token per step, chosen by pick(logits [batch, V]) -> ids [batch]."""
+    """Write one token per step, chosen by pick(logits [rows, V]) -> ids [rows].
+
+    shrink: drop the rows of ended sentences if the steps allow it (Steps.shrinks).
+    """
     limits = _limits(model, src, max_len, min_len)  # [batch]
     c, batch, device = model.config, src.size(0), src.device
     with eval_mode(model), torch.no_grad():  # no dropout while decoding
-        memory, src_mask, cache = _start(model, src, use_cache)
+        next_logits = (steps or Steps)(model, src, use_cache, int(limits.max()))
         tokens = src.new_full((batch, 1), c.bos_id)  # the start token: [batch, 1]
         lengths = torch.zeros_like(limits)  # [batch]
         log_probs = torch.zeros(batch, device=device)  # [batch]
         finished = torch.zeros(batch, dtype=torch.bool, device=device)  # ended: eos
         done = finished.clone()  # ended, or reached its limit
+        rows = torch.arange(batch, device=device)  # the sentences still decoded
         every = _stop_check_every(device)
         for step in range(int(limits.max())):
-            logits = _step_logits(model, tokens, memory, src_mask, cache)  # [batch, V]
-            next_token = pick(_allowed(logits, model, step, min_len))  # [batch]
-            next_token = next_token.masked_fill(done, c.pad_id)  # pad after the end
-            log_p = logits.log_softmax(-1).gather(-1, next_token[:, None])[:, 0]
-            log_probs += log_p.masked_fill(done, 0.0)  # [batch]
+            logits = next_logits(tokens[rows])  # [rows, V]
+            token = pick(_allowed(logits, model, step, min_len))  # [rows]
+            token = token.masked_fill(done[rows], c.pad_id)  # pad after the end
+            log_p = logits.log_softmax(-1).gather(-1, token[:, None])[:, 0]
+            log_probs.index_add_(0, rows, log_p.masked_fill(done[rows], 0.0))
             lengths += (~done).long()
+            next_token = torch.full_like(limits, c.pad_id).index_copy(0, rows, token)
             tokens = torch.cat(
                 [tokens, next_token[:, None]], dim=1
             )  # [batch, step + 2]
@@ -258,6 +302,12 @@ def _generate(
             done |= finished | (lengths >= limits)
             if (step + 1) % every == 0 and bool(done.all()):
                 break
+            if (step + 1) % every == 0 and shrink and next_logits.shrinks:
+                left = done[rows]  # [rows]
+                if _worth_shrinking(left):  # keep the rows of sentences still decoded
+                    keep = (~left).nonzero()[:, 0]
+                    next_logits.reorder(keep, sources=True)
+                    rows = rows[keep]
     # Steps after the last sentence ended added only padding: drop those columns.
     tokens = tokens[:, 1 : 1 + int(lengths.max())]  # without <s>: [batch, length]
     return DecodeResult(tokens, lengths, log_probs, log_probs.clone(), finished)
@@ -269,6 +319,7 @@ def greedy_search(
     max_len: int | None = None,
     min_len: int = 0,
     use_cache: bool = True,
+    steps: StepsFactory | None = None,
 ) -> DecodeResult:
     """Greedy decoding, y_t = argmax_v p(v | y_<t, X) until the end token (chapter 15).
 
@@ -282,13 +333,14 @@ def greedy_search(
         min_len: the end token may not come before this many tokens.
         use_cache: decode with the key-value cache, one new position per step;
             False recomputes the whole prefix at every step.
+        steps: what runs each step; None is Steps, chapter 18's FastDecoder is a
+            faster one.
 
     Returns:
         The DecodeResult, with tokens [batch, length] and scores = log_probs [batch].
     """
-    return _generate(
-        model, src, lambda logits: logits.argmax(dim=-1), max_len, min_len, use_cache
-    )
+    pick = lambda logits: logits.argmax(dim=-1)  # noqa: E731
+    return _generate(model, src, pick, max_len, min_len, use_cache, steps)
 
 
 # Chapter 15, "The length penalty"
@@ -460,30 +512,27 @@ def _beam_search_loop(
     min_len: int,
     use_cache: bool,
     rules: BeamRules,
+    steps: StepsFactory | None = None,
 ) -> tuple:
     """The finished sets (tokens [B, k, T], log_probs, scores, lengths, finished)."""
     c, B, T = model.config, src.size(0), int(limits.max())
-    memory, src_mask, cache = _start(model, src, use_cache)
+    next_logits = (steps or Steps)(model, src, use_cache, T)
     alive = src.new_full((B, 1), c.bos_id)  # one live hypothesis per sentence: [B, 1]
     alive_log_probs = torch.zeros(B, 1, device=src.device)  # [B, n_live]
     finished = _no_hypotheses(src, k, T, c.pad_id)  # [B, k, ...]
     done = torch.zeros(B, dtype=torch.bool, device=src.device)  # [B]
     every = _stop_check_every(src.device)
+    results = _no_hypotheses(src, k, T, c.pad_id)  # of the sentences that left
+    sentences = torch.arange(B, device=src.device)  # those still decoded
     for t in range(1, T + 1):  # t: the tokens of each hypothesis after this step
-        logits = _step_logits(model, alive, memory, src_mask, cache)  # [B * n_live, V]
+        logits = next_logits(alive)  # [B * n_live, V]
         log_p = _allowed(logits.log_softmax(-1), model, t - 1, min_len)
         candidates = _candidates(alive_log_probs, log_p, k)  # 3 x [B, 2k]
         lp, lp_end = (rules.divisor(t, ended, alpha) for ended in (False, True))
         finished = _finish_ended(finished, alive, candidates, t, lp_end, done, c)
         first = alive_log_probs.size(1) == 1
         alive, alive_log_probs, index = _next_beam(alive, candidates, k, c.eos_id)
-        if cache is not None:
-            # the cached keys and values follow their hypotheses; after the first
-            # step, beams move only among the rows of their own sentence
-            cache.reorder(index, cross_attention=first)
-        if first:  # from the second step on, k rows per sentence
-            memory = memory.repeat_interleave(k, dim=0)  # [B * k, src_len, d_model]
-            src_mask = src_mask.repeat_interleave(k, dim=0)  # [B * k, 1, 1, src_len]
+        next_logits.reorder(index, sources=first)  # the cache follows its hypotheses
         at_limit = (limits == t) & ~done  # [B]
         finished = _finish_at_limit(
             finished, alive, alive_log_probs, t, lp, at_limit, c.pad_id
@@ -495,7 +544,18 @@ def _beam_search_loop(
         done |= at_limit | ((worst > float("-inf")) & beaten)
         if t % every == 0 and bool(done.all()):
             break
-    return finished
+        if t % every == 0 and next_logits.shrinks and _worth_shrinking(done):
+            keep, gone = (~done).nonzero()[:, 0], done.nonzero()[:, 0]  # sentences
+            for kept, sets in zip(results, finished):
+                kept[sentences[gone]] = sets[gone]  # final: they leave the batch
+            rows = (keep[:, None] * k + torch.arange(k, device=src.device)).flatten()
+            next_logits.reorder(rows, sources=True)
+            alive, alive_log_probs = alive[rows], alive_log_probs[keep]
+            finished = tuple(sets[keep] for sets in finished)
+            done, limits, sentences = done[keep], limits[keep], sentences[keep]
+    for kept, sets in zip(results, finished):
+        kept[sentences] = sets
+    return results
 
 
 def beam_search(
@@ -508,6 +568,7 @@ def beam_search(
     n_best: int | None = None,
     use_cache: bool = True,
     rules: BeamRules | None = None,
+    steps: StepsFactory | None = None,
 ) -> DecodeResult:
     """Beam search ranked by log P(Y|X) / lp(Y), GNMT's length penalty (chapter 15).
 
@@ -518,7 +579,7 @@ def beam_search(
     hypotheses count as finished.
 
     Args:
-        model, src, max_len, min_len, use_cache: as for greedy_search.
+        model, src, max_len, min_len, use_cache, steps: as for greedy_search.
         beam_size: the hypotheses kept per sentence (the paper: 4); 1 is greedy
             search.
         alpha: the length penalty's exponent in [0, MAX_ALPHA] (the paper's:
@@ -535,8 +596,9 @@ def beam_search(
     _check_beam_options(model, beam_size, alpha, n_best)
     limits = _limits(model, src, max_len, min_len)  # [batch]
     with eval_mode(model), torch.no_grad():  # no dropout while decoding
+        rules = rules or RULES
         finished = _beam_search_loop(
-            model, src, limits, beam_size, alpha, min_len, use_cache, rules or RULES
+            model, src, limits, beam_size, alpha, min_len, use_cache, rules, steps
         )
     chosen = [x[:, 0] if n_best is None else x[:, :n_best] for x in finished]
     tokens, log_probs, scores, lengths, ended = chosen
@@ -620,11 +682,12 @@ def sample(
     max_len: int | None = None,
     min_len: int = 0,
     use_cache: bool = True,
+    steps: StepsFactory | None = None,
 ) -> DecodeResult:
     """Ancestral sampling, y_t ~ softmax(z_t / T), optionally top-k (chapter 15).
 
     Args:
-        model, src, max_len, min_len, use_cache: as for greedy_search.
+        model, src, max_len, min_len, use_cache, steps: as for greedy_search.
         temperature: T in [1e-4, 1e4] (see sampling_probs).
         top_k: sample among the k most probable tokens; None: among all.
         generator: a torch.Generator on src's device, for reproducible samples.
@@ -639,7 +702,8 @@ def sample(
         probs = sampling_probs(logits, temperature, top_k)  # [batch, V]
         return draw(probs, generator)  # [batch]
 
-    return _generate(model, src, pick, max_len, min_len, use_cache)
+    # no shrinking: the rows kept would draw from another part of the stream
+    return _generate(model, src, pick, max_len, min_len, use_cache, steps, False)
 
 
 # Chapter 15, "Translating texts"
@@ -685,6 +749,7 @@ def translate(
     generator: torch.Generator | None = None,
     on_batch: Callable[[list[str]], Any] | None = None,
     on_too_long: Callable[[int, int], Any] | None = None,
+    steps: StepsFactory | None = None,
     **changes: Any,
 ) -> list[str]:
     """Decode texts with model and tokenizer, one output per input text (chapter 15).
@@ -701,6 +766,7 @@ def translate(
         on_too_long: called with (index, tokens) of each text longer than the
             positional table, whose output then stays empty; without it, any such
             text stops translate before it decodes anything.
+        steps: what runs each step of the search (see greedy_search).
     """
     c = decoding_config(config, **changes)
     texts = _check_translate(model, tokenizer, texts)  # a list
@@ -714,7 +780,7 @@ def translate(
     def decode(batch: list[list[int]]) -> list[str]:
         """One batch of token lists, decoded by the search that c names."""
         src = pad_sequences(batch, model.config.pad_id).to(device)  # [b, src_len]
-        result = _search(model, src, c, generator)
+        result = _search(model, src, c, generator, steps)
         return [tokenizer.decode(ids) for ids in result.tokens.tolist()]
 
     return in_batches(todo, len(texts), c.batch_size, decode, on_batch)
@@ -747,14 +813,18 @@ def in_batches(
 
 
 def _search(
-    model: Transformer, src: Tensor, c: DecodingConfig, generator: Any
+    model: Transformer,
+    src: Tensor,
+    c: DecodingConfig,
+    generator: Any,
+    steps: StepsFactory | None = None,
 ) -> DecodeResult:
     """One batch decoded by the search that c names."""
     if c.method == "beam":
-        return beam_search(model, src, c.beam_size, c.alpha, max_len=c.max_len)
+        return beam_search(model, src, c.beam_size, c.alpha, c.max_len, steps=steps)
     if c.method == "greedy":
-        return greedy_search(model, src, max_len=c.max_len)
-    return sample(model, src, c.temperature, c.top_k, generator, c.max_len)
+        return greedy_search(model, src, max_len=c.max_len, steps=steps)
+    return sample(model, src, c.temperature, c.top_k, generator, c.max_len, steps=steps)
 
 
 def _check_translate(model: Transformer, tokenizer: Any, texts: Any) -> list[str]:

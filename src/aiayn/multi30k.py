@@ -40,7 +40,7 @@ from tokenizers import (
 from torch import Tensor
 
 from aiayn.batching import load_checkpoint_model, pick_device, recipe_amp
-from aiayn.decoding import DecodingConfig, decoding_config, translate
+from aiayn.decoding import DecodingConfig, StepsFactory, decoding_config, translate
 from aiayn.masks import is_int
 from aiayn.model import (
     Transformer,
@@ -806,15 +806,16 @@ def evaluate_bleu(
     tokenizer: Any,
     pairs: Sequence[tuple[str, str]],
     config: DecodingConfig | None = None,
+    steps: StepsFactory | None = None,
     **changes: Any,
 ) -> BleuResult:
     """Translate the sources of (source, reference) pairs and score them (chapter 16).
 
     model: a Transformer, or an engine with translate(texts, config), such as
     chapter 19's CTranslate2Model. config, changes: chapter 15's DecodingConfig
-    (default: BLEU_DECODING, greedy) and changes to it, e.g. method="beam". The
-    sources are decoded in batches of similar length (less padding); the
-    translations are returned in the order of the pairs.
+    (default: BLEU_DECODING, greedy) and changes to it, e.g. method="beam";
+    steps: translate's. The sources are decoded in batches of similar length
+    (less padding); the translations are returned in the order of the pairs.
     """
     c = decoding_config(config or BLEU_DECODING, **changes)
     if c.method not in ("greedy", "beam"):
@@ -822,7 +823,7 @@ def evaluate_bleu(
     if len(pairs) == 0:
         raise ValueError("evaluate_bleu got no pairs.")
     sources = [source for source, _ in pairs]
-    hypotheses = _translate_by_length(model, tokenizer, sources, c)
+    hypotheses = _translate_by_length(model, tokenizer, sources, c, steps)
     references = [reference for _, reference in pairs]
     score, signature = corpus_bleu(hypotheses, references)
     lowercase_score, lowercase_signature = corpus_bleu(
@@ -834,14 +835,18 @@ def evaluate_bleu(
 
 
 def _translate_by_length(
-    model: Transformer | Any, tokenizer: Any, sources: list[str], config: DecodingConfig
+    model: Transformer | Any,
+    tokenizer: Any,
+    sources: list[str],
+    config: DecodingConfig,
+    steps: StepsFactory | None = None,
 ) -> list[str]:
     """translate() of sources sorted by length, returned in their order (chapter 16)."""
     lengths = [len(tokenizer.encode(source)) for source in sources]
     order = sorted(range(len(sources)), key=lambda i: lengths[i])
     ordered = [sources[i] for i in order]
     if isinstance(model, Transformer):
-        outputs = translate(model, tokenizer, ordered, config)
+        outputs = translate(model, tokenizer, ordered, config, steps=steps)
     else:  # an engine that decodes on its own
         outputs = model.translate(ordered, config)
     hypotheses = [""] * len(sources)
