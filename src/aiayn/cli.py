@@ -540,8 +540,7 @@ def _fast_steps(compile: bool | None, book: bool) -> FastDecoder | None:
     """Chapter 18's FastDecoder if --compile asks for it; it says what it compiled."""
     if compile and not book:
         raise ValueError("--compile is for the book's models; an export runs compiled.")
-    say = lambda text: print(f"note: {text} (chapter 18).", file=sys.stderr)  # noqa: E731
-    return FastDecoder(say=say) if compile else None
+    return FastDecoder(notes=sys.stderr) if compile else None
 
 
 def _decoding(args: argparse.Namespace, methods: Sequence[str] = ()) -> DecodingConfig:

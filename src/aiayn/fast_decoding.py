@@ -9,8 +9,7 @@ Chapter 18 of the book, book/18_cost_of_attention.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.nn.functional as F
@@ -139,15 +138,15 @@ class FastDecoder:
     pass each compiled once, and a batch that sheds its ended sentences.
 
     compile: False runs the same code eagerly; backend: torch.compile's. The first
-    call of each pass compiles it: warmup_seconds adds up their times, and say,
-    if given, is called with a line about each.
+    call of each pass compiles it: warmup_seconds adds up their times, and notes,
+    a file if given, gets a line about each.
     """
 
     def __init__(
         self,
         compile: bool = True,
         backend: Any = "inductor",
-        say: Callable[[str], Any] | None = None,
+        notes: TextIO | None = None,
     ) -> None:
         options = dict(dynamic=True, fullgraph=True, backend=backend)
         wrap = (lambda f: torch.compile(f, **options)) if compile else (lambda f: f)
@@ -156,7 +155,7 @@ class FastDecoder:
             "first steps": decoder_step,  # the first two, eagerly
             "step": wrap(decoder_step),
         }
-        self.warmup_seconds, self.say, self.compiled = 0.0, say, compile
+        self.warmup_seconds, self.notes, self.compiled = 0.0, notes, compile
         self._run: set[str] = set()  # the passes called at least once
 
     def run(self, name: str, *args: Any) -> Any:
@@ -167,8 +166,11 @@ class FastDecoder:
         if name not in self._run and name != "first steps" and self.compiled:
             seconds = time.perf_counter() - start
             self.warmup_seconds += seconds
-            if self.say is not None:
-                self.say(f"compiled the {name} pass in {seconds:.1f} s")
+            if self.notes is not None:
+                print(
+                    f"note: compiled the {name} pass in {seconds:.1f} s",
+                    file=self.notes,
+                )
         self._run.add(name)
         return out
 
