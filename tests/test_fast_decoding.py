@@ -166,6 +166,8 @@ def test_translate_takes_the_fast_path() -> None:
 def test_inductor_makes_two_programs_for_every_batch_shape() -> None:
     """A whole run, compiled for real: 8 batch shapes, one source and one step."""
     torch._dynamo.reset()
+    stats = torch._dynamo.utils.counters["stats"]
+    before = stats["unique_graphs"]  # other tests of this process may have compiled
     model = small_model()
     fast = FastDecoder()  # inductor
     shapes = [(3, 0), (5, 1), (8, 2), (11, 3), (4, 4), (16, 5), (6, 6), (9, 7)]
@@ -177,6 +179,5 @@ def test_inductor_makes_two_programs_for_every_batch_shape() -> None:
             assert torch.equal(
                 eager.tokens, search(model, src, max_len=16, steps=fast).tokens
             )
-    stats = torch._dynamo.utils.counters["stats"]
-    assert stats["unique_graphs"] <= 2, dict(stats)
+    assert stats["unique_graphs"] - before <= 2, dict(stats)
     assert fast.warmup_seconds > 0.0  # the first call of each compiled pass, timed
