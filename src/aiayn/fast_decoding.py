@@ -19,7 +19,7 @@ from aiayn.attention import scaled_dot_product_attention
 from aiayn.decoding import Steps
 from aiayn.masks import padding_mask
 from aiayn.model import Transformer
-from aiayn.multi_head import _merge_heads, _split_heads
+from aiayn.multi_head import KVCache, _merge_heads, _split_heads
 
 __all__ = [
     "Cache",
@@ -67,10 +67,9 @@ def decoder_step(
             return attn.out_proj(_merge_heads(_attend(q, k, v, None)))
 
         def cross_attention(h: Tensor, attn: Any = layer.cross_attn) -> Tensor:
-            w_q, b_q = attn.in_proj.weight[: attn.d_model], attn.in_proj.bias
-            b_q = None if b_q is None else b_q[: attn.d_model]
-            q = _split_heads(F.linear(h, w_q, b_q), attn.n_heads)  # [rows, h, 1, d_k]
-            out = _attend(q, src_keys, src_values, src_mask)
+            # chapter 3's projection: the queries; the source's keys come cached
+            q, k, v = attn._project_cross(h, h, KVCache(src_keys, src_values))
+            out = _attend(q, k, v, src_mask)
             return attn.out_proj(_merge_heads(out))
 
         x = layer.res_self(x, self_attention)
@@ -93,11 +92,9 @@ def source_pass(model: Transformer, src: Tensor) -> tuple[Tensor, Cache]:
     cache = []
     for layer in model.decoder.layers:
         attn = layer.cross_attn
-        w_kv, b_kv = attn.in_proj.weight[attn.d_model :], attn.in_proj.bias
-        b_kv = None if b_kv is None else b_kv[attn.d_model :]
-        kv = F.linear(memory, w_kv, b_kv).chunk(2, dim=-1)  # 2 x [rows, S, d_model]
-        k, v = (_split_heads(t, attn.n_heads).contiguous() for t in kv)
-        cache.append((k[:, :, :0], v[:, :, :0], k, v))  # no target position yet
+        kv = KVCache()  # chapter 3's projection fills it: [rows, h, S, d_k] each
+        attn._project_cross(memory[:, :1], memory, kv)
+        cache.append((kv.k[:, :, :0], kv.v[:, :, :0], kv.k, kv.v))  # no target yet
     return src_mask, cache
 
 
